@@ -1,0 +1,240 @@
+"""Typed model configs parsed from Hugging Face `config.json` files, field by field.
+
+Targets: Qwen3 (`Qwen3ForCausalLM`) and Llama 3.x (`LlamaForCausalLM`). Drafters: z-lab DFlash
+(`DFlashDraftModel`, a Qwen3-style backbone with `dflash_config`). Both transformers 4.x
+(`rope_theta` + `rope_scaling`) and 5.x (`rope_parameters`) spellings are read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dflash_trt.checkpoint.json_fields import Fields
+from dflash_trt.errors import UnsupportedModelError
+
+TARGET_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
+DRAFT_ARCHITECTURES = {"DFlashDraftModel"}
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding: theta plus an optional scaling rule (`ROPE_TYPES`)."""
+
+    theta: float = 10000.0
+    type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class TransformerDims:
+    """Shapes shared by target and draft decoder stacks (Qwen3 / Llama layers)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = True
+    max_position_embeddings: int = 32768
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    family: str  # "qwen3" | "llama"
+    vocab_size: int
+    dims: TransformerDims
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    vocab_size: int
+    dims: TransformerDims
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+    num_target_layers: int | None
+    layer_types: tuple[str, ...] = field(default_factory=tuple)
+    sliding_window: int | None = None
+    is_causal: bool | None = None
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+
+    def layer_is_causal(self, i: int) -> bool:
+        if self.is_causal is not None:
+            return self.is_causal
+        return self.layer_types[i] == "sliding_attention"
+
+    def layer_window(self, i: int) -> int | None:
+        return self.sliding_window if self.layer_types[i] == "sliding_attention" else None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's default taps: evenly spaced from layer 1 to L-3 (one draft layer: L // 2)."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def parse_rope(f: Fields) -> RopeConfig:
+    params = f.sub("rope_parameters") if f.has("rope_parameters") else None
+    scaling = params if params is not None else f.sub("rope_scaling")
+    theta = params.float("rope_theta", None) if params is not None else None
+    theta = theta if theta is not None else f.float("rope_theta", 10000.0)
+    kind = scaling.str("rope_type", None) or scaling.str("type", None) or "default"
+    if kind not in ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"{f.path}: field '{scaling.prefix}rope_type': '{kind}' is not supported; "
+            f"supported: {', '.join(ROPE_TYPES)}"
+        )
+    if kind == "default":
+        return RopeConfig(theta=theta)
+    factor = scaling.float("factor")
+    if kind == "linear":
+        return RopeConfig(theta=theta, type=kind, factor=factor)
+    return RopeConfig(
+        theta=theta,
+        type=kind,
+        factor=factor,
+        low_freq_factor=scaling.float("low_freq_factor"),
+        high_freq_factor=scaling.float("high_freq_factor"),
+        original_max_position_embeddings=scaling.int("original_max_position_embeddings", minimum=1),
+    )
+
+
+def parse_dims(f: Fields, family: str) -> TransformerDims:
+    hidden = f.int("hidden_size", minimum=1)
+    heads = f.int("num_attention_heads", minimum=1)
+    kv_heads = f.int("num_key_value_heads", heads, minimum=1)
+    if heads % kv_heads:
+        raise f.error("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads={heads}")
+    head_dim = f.int("head_dim", None, minimum=1)
+    if head_dim is None:
+        if hidden % heads:
+            raise f.error("head_dim", "missing and hidden_size is not a multiple of num_attention_heads")
+        head_dim = hidden // heads
+    act = f.str("hidden_act", "silu")
+    if act != "silu":
+        raise UnsupportedModelError(f"{f.path}: field 'hidden_act': '{act}' is not supported; expected 'silu'")
+    return TransformerDims(
+        hidden_size=hidden,
+        intermediate_size=f.int("intermediate_size", minimum=1),
+        num_layers=f.int("num_hidden_layers", minimum=1),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=f.float("rms_norm_eps", 1e-6),
+        rope=parse_rope(f),
+        attention_bias=f.bool("attention_bias", False),
+        mlp_bias=f.bool("mlp_bias", False) if family == "llama" else False,
+        qk_norm=family == "qwen3",
+        max_position_embeddings=f.int("max_position_embeddings", 32768, minimum=1),
+    )
+
+
+def _architecture(f: Fields, allowed: set[str] | dict) -> str:
+    archs = f.get("architectures", list, [])
+    known = [a for a in archs if a in allowed]
+    if not known:
+        raise UnsupportedModelError(
+            f"{f.path}: field 'architectures': {archs or 'missing'} is not supported; "
+            f"expected one of {sorted(allowed)}"
+        )
+    return known[0]
+
+
+def parse_target_config(data: dict, path: Path) -> TargetConfig:
+    f = Fields(data, path)
+    family = TARGET_ARCHITECTURES[_architecture(f, TARGET_ARCHITECTURES)]
+    eos = f.get("eos_token_id", (int, list), [])
+    eos = [eos] if isinstance(eos, int) else eos
+    return TargetConfig(
+        family=family,
+        vocab_size=f.int("vocab_size", minimum=1),
+        dims=parse_dims(f, family),
+        tie_word_embeddings=f.bool("tie_word_embeddings", False),
+        eos_token_ids=tuple(int(e) for e in eos),
+        bos_token_id=f.int("bos_token_id", None),
+    )
+
+
+def _dflash_value(f: Fields, d: Fields, key: str, kind: str, default=None):
+    """A DFlash setting: `dflash_config.<key>` first, then the top level (as z-lab reads it)."""
+    source = d if d.has(key) else f
+    return getattr(source, kind)(key, default)
+
+
+def parse_draft_config(data: dict, path: Path) -> DraftConfig:
+    f = Fields(data, path)
+    archs = f.get("architectures", list, [])
+    if "DFlash2DraftModel" in archs:
+        raise UnsupportedModelError(
+            f"{path}: field 'architectures': DFlash2DraftModel (candidate selector, dynamic "
+            "convolutions) is not supported yet; use a DFlash (v1) drafter"
+        )
+    if f.has("draft_vocab_size"):
+        raise UnsupportedModelError(
+            f"{path}: field 'draft_vocab_size': speculators-format drafters (own reduced vocab, "
+            "d2t/t2d maps) are not supported; convert to the z-lab format"
+        )
+    _architecture(f, DRAFT_ARCHITECTURES)
+    d = f.sub("dflash_config")
+    dims = parse_dims(f, "qwen3")
+    num_target_layers = f.int("num_target_layers", None, minimum=1)
+    ids = _dflash_value(f, d, "target_layer_ids", "int_list")
+    if ids is None:
+        if num_target_layers is None:
+            raise d.error("target_layer_ids", "missing (and no num_target_layers to derive it)")
+        ids = default_target_layer_ids(num_target_layers, dims.num_layers)
+    if not ids or len(set(ids)) != len(ids):
+        raise d.error("target_layer_ids", f"expected distinct layer ids, got {ids}")
+    layer_types = f.get("layer_types", list, None) or ["full_attention"] * dims.num_layers
+    if len(layer_types) != dims.num_layers or set(layer_types) - {"full_attention", "sliding_attention"}:
+        raise f.error(
+            "layer_types",
+            f"expected {dims.num_layers} entries of 'full_attention'/'sliding_attention', got {layer_types}",
+        )
+    sliding_window = f.int("sliding_window", None, minimum=1)
+    if "sliding_attention" in layer_types and sliding_window is None:
+        raise f.error("sliding_window", "required when layer_types has 'sliding_attention'")
+    softcap = _dflash_value(f, d, "final_logit_softcapping", "float")
+    config = DraftConfig(
+        vocab_size=f.int("vocab_size", minimum=1),
+        dims=dims,
+        block_size=_dflash_value(f, d, "block_size", "int", 16),
+        mask_token_id=_dflash_value(f, d, "mask_token_id", "int"),
+        target_layer_ids=tuple(ids),
+        num_target_layers=num_target_layers,
+        layer_types=tuple(layer_types),
+        sliding_window=sliding_window,
+        is_causal=_dflash_value(f, d, "is_causal", "bool"),
+        input_embedding_scale=_dflash_value(f, d, "input_embedding_scale", "float", 1.0),
+        output_multiplier=_dflash_value(f, d, "output_multiplier", "float", 1.0),
+        final_logit_softcapping=softcap if softcap and softcap > 0 else None,
+    )
+    if config.block_size < 2:
+        raise f.error("block_size", f"must be >= 2, got {config.block_size}")
+    if not math.isfinite(config.output_multiplier):
+        raise f.error("output_multiplier", "must be finite")
+    return config

@@ -1,0 +1,75 @@
+"""Static per-slot KV cache; rewind is only a length change.
+
+Layout: k, v are [n_layers, n_slots, capacity, n_kv_heads, head_dim] (sequence before heads, so
+a write is one index_put over (slot, position) pairs). `lengths[slot]` is the committed length:
+positions >= length may hold stale K/V from rejected drafts. The target never reads them (its
+mask is causal in absolute positions and writes happen before reads); the drafter masks its
+context by `lengths`. API (nanochat's KVCache): `reset`, `advance(n)`, `crop(pos)`, `get_pos`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        n_layers: int,
+        n_slots: int,
+        capacity: int,
+        n_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
+        shape = (n_layers, n_slots, capacity, n_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = torch.zeros(n_slots, dtype=torch.int64, device=device)  # [n_slots]
+        self.capacity = capacity
+
+    # --- lengths -----------------------------------------------------------------------------
+    def reset(self, slots: torch.Tensor | None = None) -> None:
+        if slots is None:
+            self.lengths.zero_()
+        else:
+            self.lengths[slots] = 0
+
+    def get_pos(self, slots: torch.Tensor) -> torch.Tensor:
+        return self.lengths[slots]
+
+    def advance(self, slots: torch.Tensor, n: torch.Tensor | int) -> None:
+        self.lengths[slots] += n
+
+    def crop(self, slots: torch.Tensor, pos: torch.Tensor | int) -> None:
+        """Rewind: forget everything at positions >= pos (the DFlash rollback primitive)."""
+        self.lengths[slots] = torch.as_tensor(pos, dtype=torch.int64, device=self.lengths.device)
+
+    # --- tensors -----------------------------------------------------------------------------
+    def write(
+        self,
+        layer: int,
+        slots: torch.Tensor,  # [B]
+        positions: torch.Tensor,  # [B, T]
+        k: torch.Tensor,  # [B, T, kv_heads, D]
+        v: torch.Tensor,  # [B, T, kv_heads, D]
+        valid: torch.Tensor | None = None,  # [B, T] bool: write only these
+    ) -> None:
+        if int(positions.max()) >= self.capacity:
+            raise IndexError(f"KV cache capacity {self.capacity} exceeded (position {int(positions.max())})")
+        rows = slots[:, None].expand_as(positions)
+        if valid is not None:
+            rows, positions, k, v = rows[valid], positions[valid], k[valid], v[valid]
+        self.k[layer][rows, positions] = k.to(self.k.dtype)
+        self.v[layer][rows, positions] = v.to(self.v.dtype)
+
+    def read(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [B, kv_heads, length, D] for positions 0..length-1 of each slot."""
+        first = int(slots[0])
+        if slots.numel() == 1 or bool((slots[1:] - slots[:-1] == 1).all()):
+            k = self.k[layer, first : first + slots.numel(), :length]
+            v = self.v[layer, first : first + slots.numel(), :length]
+        else:
+            k, v = self.k[layer, slots, :length], self.v[layer, slots, :length]
+        return k.transpose(1, 2), v.transpose(1, 2)

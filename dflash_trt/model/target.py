@@ -1,0 +1,95 @@
+"""The target model (Qwen3 / Llama 3.x decoder) with hidden-state taps for DFlash.
+
+Parameter names are Hugging Face's (`model.layers.{i}.self_attn.q_proj.weight`, ...), so a HF
+state dict loads unchanged. `forward` runs ragged rows of a batch at their own absolute positions
+against a static per-slot `KVCache` and returns logits for the requested rows plus `target_hidden`:
+the post-layer residual stream of every layer in `target_layer_ids`, concatenated in list order.
+
+FOOTGUN (HF convention, kept on purpose): HF's `hidden_states[L]` for the LAST layer is taken
+AFTER the final norm, so a tap on layer L-1 is `norm(output of layer L-1)`. DFlash drafters are
+trained on HF taps, so we return exactly what HF returns.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dflash_trt.checkpoint.configs import TargetConfig
+from dflash_trt.model.kv_cache import KVCache
+from dflash_trt.model.layers import MLP, AttentionProjections, RMSNorm, Rotary
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: TargetConfig):
+        super().__init__()
+        d = config.dims
+        self.input_layernorm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+        self.self_attn = AttentionProjections(d)
+        self.post_attention_layernorm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+        self.mlp = MLP(d)
+
+    def forward(self, x, rope, cache: KVCache, layer: int, slots, positions, visible):
+        h = self.input_layernorm(x)
+        q = self.self_attn.query(h, *rope)
+        k, v = self.self_attn.key_value(h, *rope)
+        cache.write(layer, slots, positions, k, v)
+        keys, values = cache.read(layer, slots, visible.shape[-1])
+        x = x + self.self_attn.attend(q, keys, values, visible)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: TargetConfig):
+        super().__init__()
+        d = config.dims
+        self.embed_tokens = nn.Embedding(config.vocab_size, d.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(d.num_layers))
+        self.norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+
+
+class Target(nn.Module):
+    def __init__(self, config: TargetConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.dims.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = Rotary(config.dims.rope, config.dims.head_dim)
+
+    def new_cache(self, n_slots: int, capacity: int) -> KVCache:
+        d = self.config.dims
+        w = self.lm_head.weight
+        return KVCache(d.num_layers, n_slots, capacity, d.num_kv_heads, d.head_dim, w.dtype, w.device)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(tokens)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [B, T]
+        positions: torch.Tensor,  # [B, T] absolute positions
+        cache: KVCache,
+        slots: torch.Tensor,  # [B] cache slot of each row
+        tap_layers: tuple[int, ...] = (),
+        logit_rows: torch.Tensor | None = None,  # [B, R] indices into T; None = all T rows
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> logits [B, R, V], target_hidden [B, T, len(tap_layers) * H] (None without taps)."""
+        x = self.embed(tokens)
+        rope = self.rotary(positions, x.dtype)
+        key_positions = torch.arange(int(positions.max()) + 1, device=tokens.device)
+        visible = (key_positions[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, S]
+        taps = {}
+        last = len(self.model.layers) - 1
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, rope, cache, i, slots, positions, visible)
+            if i in tap_layers and i != last:
+                taps[i] = x
+        x = self.model.norm(x)
+        if last in tap_layers:
+            taps[last] = x
+        target_hidden = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None
+        if logit_rows is not None:
+            x = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
+        return self.lm_head(x), target_hidden

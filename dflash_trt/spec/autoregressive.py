@@ -1,0 +1,44 @@
+"""Autoregressive baseline: one target forward per token, same sampling rule, same stops.
+
+This is the ground truth that speculative decoding must reproduce token for token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dflash_trt.model.target import Target
+from dflash_trt.spec.batch import BatchParams, cache_capacity, prefill
+from dflash_trt.spec.requests import Detokenize, GenerationResult, OnCommit, Request, Row
+from dflash_trt.spec.sampling import sample_tokens
+
+
+@torch.inference_mode()
+def autoregressive_generate(
+    target: Target,
+    requests: list[Request],
+    detokenize: Detokenize | None = None,
+    on_commit: OnCommit | None = None,
+) -> list[GenerationResult]:
+    """Decode a batch of ragged requests token by token; one result per request."""
+    device = target.lm_head.weight.device
+    rows = [Row(i, r, detokenize) for i, r in enumerate(requests)]
+    params = BatchParams.of(requests, device)
+    slots = torch.arange(len(requests), device=device)
+    cache = target.new_cache(len(requests), cache_capacity(requests, 1))
+
+    # 1) prefill: the prompt's last logits choose the token at position len(prompt)
+    last, _, _, position = prefill(target, cache, slots, requests, params)
+    for row, token in zip(rows, last.tolist()):
+        row.commit([token], on_commit)
+
+    # 2) loop: feed the last token at its position, choose the next one at position + 1
+    while not all(row.done for row in rows):
+        active = torch.tensor([r.index for r in rows if not r.done], device=device)
+        logits, _ = target(last[active, None], position[active, None], cache, active)
+        chosen = sample_tokens(logits[:, 0], position[active] + 1, *params.rows(active))
+        cache.advance(active, 1)
+        last[active], position[active] = chosen, position[active] + 1
+        for index, token in zip(active.tolist(), chosen.tolist()):
+            rows[index].commit([token], on_commit)
+    return [row.result() for row in rows]

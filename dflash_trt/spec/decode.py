@@ -1,0 +1,99 @@
+"""The reference DFlash speculative decoding loop, in paper order, over a batch of ragged rows.
+
+Each row has its own prompt length, sampling params, seed and acceptance. Per step, every active
+row drafts one block in ONE draft pass and verifies it in ONE target pass; rows that stop drop
+out of the batch. See `dflash_trt.spec` for the terms and the lossless contract.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from dflash_trt.model.draft import DFlashDraft
+from dflash_trt.model.target import Target
+from dflash_trt.spec.batch import BatchParams, cache_capacity, prefill
+from dflash_trt.spec.requests import Detokenize, GenerationResult, OnCommit, Request, Row
+from dflash_trt.spec.verify import verify_block
+
+
+@dataclass
+class DecodeTimings:
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    steps: int = 0
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target: Target,
+    draft: DFlashDraft,
+    requests: list[Request],
+    block_size: int | None = None,
+    detokenize: Detokenize | None = None,
+    on_commit: OnCommit | None = None,
+    timings: DecodeTimings | None = None,
+) -> list[GenerationResult]:
+    """DFlash-decode a batch of requests; one result per request (tokens == AR decoding)."""
+    block_size = block_size or draft.config.block_size
+    if block_size < 2:
+        raise ValueError(f"block_size must be >= 2 (1 bonus + >= 1 draft), got {block_size}")
+    timings = timings if timings is not None else DecodeTimings()
+    device = target.lm_head.weight.device
+    taps = draft.config.target_layer_ids
+    mask_token_id = draft.config.mask_token_id
+    rows = [Row(i, r, detokenize) for i, r in enumerate(requests)]
+    params = BatchParams.of(requests, device)
+    slots = torch.arange(len(requests), device=device)
+    capacity = cache_capacity(requests, block_size)
+    target_cache = target.new_cache(len(requests), capacity)
+    draft_cache = draft.new_cache(len(requests), capacity)
+    offsets = torch.arange(block_size, device=device)[None, :]  # [1, B]
+
+    # 1) prefill the target; its taps over the prompt become the draft's first context
+    t0 = time.perf_counter()
+    bonus, target_hidden, positions, start = prefill(target, target_cache, slots, requests, params, taps)
+    draft.append_context(target_hidden, positions, draft_cache, slots, valid=positions < start[:, None])
+    draft_cache.crop(slots, start)
+    for row, token in zip(rows, bonus.tolist()):
+        row.commit([token], on_commit)
+    timings.prefill_s += time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    while not all(row.done for row in rows):
+        active = torch.tensor([r.index for r in rows if not r.done], device=device)
+        block_start = start[active]  # [n] position of each bonus token
+        block_positions = block_start[:, None] + offsets  # [n, B]
+
+        # 2) draft: [bonus, MASK x K] through the drafter in one pass; greedy proposals always
+        block = torch.full((active.numel(), block_size), mask_token_id, dtype=torch.int64, device=device)
+        block[:, 0] = bonus[active]
+        hidden = draft(target.embed(block), block_positions, draft_cache, active)
+        drafts = draft.logits(hidden[:, 1:], target.lm_head).argmax(dim=-1)  # [n, K]
+        block[:, 1:] = drafts
+
+        # 3) verify: the target runs the whole block once and picks its own token everywhere
+        logits, verify_hidden = target(block, block_positions, target_cache, active, taps)
+        chosen, accepted = verify_block(logits, drafts, block_start, *params.rows(active))
+
+        # 4) accept the longest matching prefix plus the target's token after it (the new bonus)
+        committed = accepted + 1  # [n]
+        for j, (index, a) in enumerate(zip(active.tolist(), accepted.tolist())):
+            row = rows[index]
+            kept = row.commit(chosen[j, : a + 1].tolist(), on_commit)
+            row.acceptance_lengths.append(kept)
+            row.accepted_drafts.append(a)
+        bonus[active] = chosen.gather(1, accepted[:, None])[:, 0]
+
+        # 5) rewind: both caches keep exactly the committed positions (bonus + accepted drafts)
+        target_cache.crop(active, block_start + committed)
+        draft.append_context(
+            verify_hidden, block_positions, draft_cache, active, valid=offsets < committed[:, None]
+        )
+        draft_cache.crop(active, block_start + committed)
+        start[active] = block_start + committed
+        timings.steps += 1
+    timings.decode_s += time.perf_counter() - t0
+    return [row.result() for row in rows]

@@ -1,0 +1,105 @@
+"""Requests, per-row decoding state and results shared by the speculative and AR loops.
+
+Stop rules (identical in every loop, so outputs compare token for token):
+- EOS / stop token ids: the stop token is kept in `tokens`; nothing after it.
+- stop strings: `tokens` end with the token that completes the first stop string; the returned
+  `text` is cut just before the stop string (OpenAI semantics).
+- max_new_tokens: at most this many tokens.
+Tokens that follow a stop inside an accepted block are dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dflash_trt.spec.sampling import SamplingParams
+
+Detokenize = Callable[[list[int]], str]
+OnCommit = Callable[[int, list[int]], None]  # (row index, newly committed tokens)
+
+
+@dataclass(frozen=True)
+class StopCriteria:
+    max_new_tokens: int = 64
+    stop_token_ids: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if any(not s for s in self.stop_strings):
+            raise ValueError("stop strings must be non-empty")
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: tuple[int, ...]
+    params: SamplingParams = SamplingParams()
+    stop: StopCriteria = StopCriteria()
+
+    def __post_init__(self):
+        if not self.prompt:
+            raise ValueError("prompt must contain at least one token")
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # generated tokens, prompt excluded
+    finish_reason: str  # "stop" | "length"
+    acceptance_lengths: list[int] = field(default_factory=list)  # tokens committed per verify step
+    accepted_drafts: list[int] = field(default_factory=list)  # drafts accepted per verify step (a)
+    text: str | None = None
+
+
+class Row:
+    """One request being decoded: its committed tokens and stop bookkeeping."""
+
+    def __init__(self, index: int, request: Request, detokenize: Detokenize | None):
+        self.index, self.request, self.detokenize = index, request, detokenize
+        self.tokens: list[int] = []
+        self.finish_reason: str | None = None
+        self.acceptance_lengths: list[int] = []
+        self.accepted_drafts: list[int] = []
+        if request.stop.stop_strings and detokenize is None:
+            raise ValueError("stop strings need a tokenizer to detokenize")
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def commit(self, new: list[int], on_commit: OnCommit | None = None) -> int:
+        """Append target-chosen tokens up to the first stop; returns how many were kept."""
+        stop = self.request.stop
+        kept = 0
+        for token in new:
+            self.tokens.append(token)
+            kept += 1
+            if token in stop.stop_token_ids or self._hit_stop_string():
+                self.finish_reason = "stop"
+            elif len(self.tokens) >= stop.max_new_tokens:
+                self.finish_reason = "length"
+            if self.done:
+                break
+        if on_commit is not None and kept:
+            on_commit(self.index, self.tokens[-kept:])
+        return kept
+
+    def _hit_stop_string(self) -> bool:
+        strings = self.request.stop.stop_strings
+        return bool(strings) and any(s in self.detokenize(self.tokens) for s in strings)
+
+    def result(self) -> GenerationResult:
+        text = None
+        if self.detokenize is not None:
+            text = cut_at_stop_string(self.detokenize(self.tokens), self.request.stop.stop_strings)
+        return GenerationResult(
+            list(self.tokens), self.finish_reason or "length",
+            self.acceptance_lengths, self.accepted_drafts, text,
+        )
+
+
+def cut_at_stop_string(text: str, stop_strings: tuple[str, ...]) -> str:
+    """Text before the earliest stop string (unchanged when none occurs)."""
+    cuts = [text.find(s) for s in stop_strings if s in text]
+    return text[: min(cuts)] if cuts else text
