@@ -1,0 +1,80 @@
+"""Local generation with the torch runtime: load a target + drafter pair and decode requests."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dflash_trt.checkpoint.hf import check_pair, read_draft, read_target
+from dflash_trt.errors import ConfigError
+from dflash_trt.model.draft import DFlashDraft
+from dflash_trt.model.loader import DTYPES, load_draft, load_target
+from dflash_trt.model.target import Target
+from dflash_trt.spec.autoregressive import autoregressive_generate
+from dflash_trt.spec.decode import DecodeTimings, speculative_generate
+from dflash_trt.spec.requests import GenerationResult, OnCommit, Request
+from dflash_trt.spec.stats import DecodeStats
+from dflash_trt.tokenizer import has_tokenizer, load_tokenizer
+
+
+@dataclass
+class LoadedPair:
+    target: Target
+    draft: DFlashDraft | None
+    tokenizer: object | None
+    target_dir: Path
+    draft_dir: Path | None
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: this torch build has no CUDA device; use --device cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[dtype]
+
+
+def load_pair(target_dir, draft_dir=None, dtype: str = "auto", device: str = "auto") -> LoadedPair:
+    """Read, check and load a target (and drafter); the tokenizer comes from the target folder."""
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    target_ckpt = read_target(target_dir)
+    draft = None
+    if draft_dir is not None:
+        draft_ckpt = read_draft(draft_dir)
+        check_pair(target_ckpt, draft_ckpt)
+        draft = load_draft(draft_ckpt, torch_dtype, dev)
+    target = load_target(target_ckpt, torch_dtype, dev)
+    tokenizer = load_tokenizer(target_dir) if has_tokenizer(target_dir) else None
+    return LoadedPair(target, draft, tokenizer, Path(target_dir), Path(draft_dir) if draft_dir else None)
+
+
+def generate(
+    pair: LoadedPair,
+    requests: list[Request],
+    block_size: int | None = None,
+    autoregressive: bool = False,
+    on_commit: OnCommit | None = None,
+) -> tuple[list[GenerationResult], DecodeStats]:
+    """Decode with DFlash (or plain AR when `autoregressive`); results plus statistics."""
+    detokenize = pair.detokenize if pair.tokenizer is not None else None
+    if autoregressive or pair.draft is None:
+        t0 = time.perf_counter()
+        results = autoregressive_generate(pair.target, requests, detokenize, on_commit)
+        return results, DecodeStats.of(results, 1, 0.0, time.perf_counter() - t0)
+    block_size = block_size or pair.draft.config.block_size
+    timings = DecodeTimings()
+    results = speculative_generate(pair.target, pair.draft, requests, block_size, detokenize, on_commit, timings)
+    return results, DecodeStats.of(results, block_size, timings.prefill_s, timings.decode_s)

@@ -1,0 +1,74 @@
+"""Our drafter and decode loop equal z-lab's reference (PyPI dflash==0.1.0) in fp32."""
+
+import time
+
+import pytest
+import torch
+
+from dflash_trt.spec.autoregressive import autoregressive_generate
+from dflash_trt.spec.decode import speculative_generate
+from dflash_trt.spec.requests import Request, StopCriteria
+from scripted import ScriptedDraft, script_oracle
+
+dflash_model = pytest.importorskip("dflash.model")
+
+
+def _oracle_features(hf, ids, layer_ids):
+    out = hf(ids, output_hidden_states=True)
+    return dflash_model.extract_context_feature(out.hidden_states, layer_ids)
+
+
+def test_draft_hidden_and_logits_match_reference(tiny_pair, loaded_tiny_pair):
+    _, _, hf, oracle = tiny_pair
+    target, draft = loaded_tiny_pair.target, loaded_tiny_pair.draft
+    ids = torch.randint(0, 255, (1, 23), generator=torch.Generator().manual_seed(0))
+    target_hidden = _oracle_features(hf, ids, list(draft.config.target_layer_ids))
+    block = torch.tensor([[7] + [draft.config.mask_token_id] * 7])
+    noise = hf.model.embed_tokens(block)
+    positions = torch.arange(31)[None]
+    ref = oracle(target_hidden=target_hidden, noise_embedding=noise, position_ids=positions)
+    cache, slots = draft.new_cache(1, 64), torch.arange(1)
+    draft.append_context(target_hidden, positions[:, :23], cache, slots)
+    cache.advance(slots, 23)
+    ours = draft(target.embed(block), positions[:, 23:], cache, slots)
+    assert (ours - ref).abs().max() <= 1e-5
+    ref_logits = oracle.compute_logits(ref, hf.lm_head)
+    assert (draft.logits(ours, target.lm_head) - ref_logits).abs().max() <= 1e-4
+
+
+def _oracle_generate(oracle, hf, prompt, max_new, block_size):
+    dflash_model._cuda_time = time.perf_counter  # its timer calls torch.cuda.synchronize()
+    ids = torch.tensor([prompt])
+    stats = dflash_model.dflash_generate(oracle, hf, ids, max_new, None, 0.0, block_size=block_size, return_stats=True)
+    return stats.output_ids[0, len(prompt):].tolist(), stats.acceptance_lengths
+
+
+@pytest.mark.parametrize("block_size", [2, 5, 8])
+def test_greedy_decode_matches_dflash_generate_random_draft(tiny_pair, loaded_tiny_pair, block_size):
+    _, _, hf, oracle = tiny_pair
+    prompt = list(range(3, 3 + 17))
+    tokens, lengths = _oracle_generate(oracle, hf, prompt, 40, block_size)
+    ours = speculative_generate(loaded_tiny_pair.target, loaded_tiny_pair.draft,
+                                [Request(tuple(prompt), stop=StopCriteria(40))], block_size)[0]
+    assert ours.tokens == tokens
+    assert ours.acceptance_lengths == lengths
+
+
+@pytest.mark.parametrize("corrupt", [0.0, 0.2, 0.5])
+def test_greedy_decode_matches_dflash_generate_with_acceptance(tiny_pair, loaded_tiny_pair, tmp_path, corrupt):
+    """Both drafters are scripted identically, so both loops accept 0..K drafts per block."""
+    from tiny_models import make_draft
+
+    target_dir, draft_dir, hf, _ = tiny_pair
+    oracle = make_draft(tmp_path / "d", hf.config)  # a fresh instance to patch
+    prompt = [11, 5, 250, 7, 7, 1]
+    request = Request(tuple(prompt), stop=StopCriteria(48))
+    ar = autoregressive_generate(loaded_tiny_pair.target, [request])[0]
+    script = prompt + ar.tokens
+    tokens, lengths = _oracle_generate(script_oracle(oracle, script, corrupt), hf, prompt, 48, 8)
+    draft = ScriptedDraft(loaded_tiny_pair.draft, [script], corrupt)
+    ours = speculative_generate(loaded_tiny_pair.target, draft, [request], 8)[0]
+    assert tokens == ar.tokens and ours.tokens == ar.tokens
+    assert ours.acceptance_lengths == lengths
+    if corrupt == 0.0:
+        assert max(lengths) == 8

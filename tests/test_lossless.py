@@ -1,0 +1,61 @@
+"""Lossless: speculative output == autoregressive output for the same seeds, in ragged batches."""
+
+import random
+
+import pytest
+
+from dflash_trt.spec.autoregressive import autoregressive_generate
+from dflash_trt.spec.decode import speculative_generate
+from dflash_trt.spec.requests import Request, StopCriteria
+from dflash_trt.spec.sampling import SamplingParams
+from scripted import ScriptedDraft
+
+VARIANTS = [(0, 1.0), (10, 1.0), (0, 0.9), (40, 0.6), (3, 0.95)]  # (top_k, top_p)
+
+
+def _requests(temperature: float, n: int = 50, seed: int = 0) -> list[Request]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        top_k, top_p = VARIANTS[i % len(VARIANTS)]
+        prompt = tuple(rng.randrange(255) for _ in range(rng.randint(1, 40)))
+        stops = frozenset(rng.sample(range(255), 3)) if i % 4 == 0 else frozenset()
+        out.append(Request(prompt, SamplingParams(temperature, top_k, top_p, seed=rng.randrange(2**64)),
+                           StopCriteria(rng.randint(1, 40), stops)))
+    return out
+
+
+@pytest.fixture(scope="module", params=[0.0, 0.7, 1.0])
+def ar_case(request, loaded_tiny_pair):
+    requests = _requests(request.param, seed=int(request.param * 10))
+    return requests, autoregressive_generate(loaded_tiny_pair.target, requests)
+
+
+@pytest.mark.parametrize("block_size", [2, 4, 8, 16])
+def test_spec_decode_matches_autoregressive(ar_case, loaded_tiny_pair, block_size):
+    requests, ar = ar_case
+    scripts = [list(r.prompt) + res.tokens for r, res in zip(requests, ar)]
+    draft = ScriptedDraft(loaded_tiny_pair.draft, scripts, corrupt=0.25, seed=block_size)
+    spec = speculative_generate(loaded_tiny_pair.target, draft, requests, block_size)
+    for i, (a, s) in enumerate(zip(ar, spec)):
+        assert s.tokens == a.tokens, f"request {i} diverged"
+        assert s.finish_reason == a.finish_reason
+    accepted = {x for s in spec for x in s.accepted_drafts}
+    assert len(accepted) >= min(block_size, 3), "scripted drafts should give varied acceptance"
+
+
+def test_spec_decode_with_real_random_draft_matches_autoregressive(ar_case, loaded_tiny_pair):
+    requests, ar = ar_case
+    spec = speculative_generate(loaded_tiny_pair.target, loaded_tiny_pair.draft, requests, 4)
+    assert [s.tokens for s in spec] == [a.tokens for a in ar]
+
+
+def test_stop_token_inside_accepted_block_drops_the_rest(loaded_tiny_pair):
+    request = Request((1, 2, 3), stop=StopCriteria(30))
+    full = autoregressive_generate(loaded_tiny_pair.target, [request])[0].tokens
+    stop_at = 6
+    stopping = Request((1, 2, 3), stop=StopCriteria(30, frozenset({full[stop_at]})))
+    first = full.index(full[stop_at])
+    draft = ScriptedDraft(loaded_tiny_pair.draft, [[1, 2, 3] + full], corrupt=0.0)
+    out = speculative_generate(loaded_tiny_pair.target, draft, [stopping], 16)[0]
+    assert out.tokens == full[: first + 1] and out.finish_reason == "stop"
