@@ -87,6 +87,22 @@ def generate_command(target_dir, draft_dir, prompt, prompt_ids, chat, block_size
         report.print_generation(pair, results[0], stats, baseline, streamed=stream is not None)
 
 
+# Commands that live in their own modules (each module defines one click command object).
+# Registered by name so that `dflash-trt --help` imports no heavy dependency.
+# Maps module -> attribute, e.g. {"dflash_trt.convert_cli": "convert_command"}.
+_COMMAND_MODULES: dict[str, str] = {}
+
+
+def _register_command_modules() -> None:
+    import importlib
+
+    for module_name, attribute in _COMMAND_MODULES.items():
+        cli.add_command(getattr(importlib.import_module(module_name), attribute))
+
+
+_register_command_modules()
+
+
 def main():
     cli()
 
