@@ -12,26 +12,7 @@ import json
 import click
 
 from dflash_trt import __version__
-
-
-class IntListType(click.ParamType):
-    """Comma-separated integers, e.g. `--prompt-ids 1,9,17`."""
-
-    name = "INT,INT,..."
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, (list, tuple)):
-            return list(value)
-        try:
-            items = [int(v) for v in str(value).split(",") if v.strip()]
-        except ValueError:
-            self.fail(f"expected comma-separated integers, got {value!r}", param, ctx)
-        if not items:
-            self.fail("expected at least one integer", param, ctx)
-        return items
-
-
-INT_LIST = IntListType()
+from dflash_trt.cli_types import INT_LIST
 
 
 @click.group(context_settings={"auto_envvar_prefix": "DFLASH_TRT", "help_option_names": ["-h", "--help"]})
@@ -90,7 +71,9 @@ def generate_command(target_dir, draft_dir, prompt, prompt_ids, chat, block_size
 # Commands that live in their own modules (each module defines one click command object).
 # Registered by name so that `dflash-trt --help` imports no heavy dependency.
 # Maps module -> attribute, e.g. {"dflash_trt.convert_cli": "convert_command"}.
-_COMMAND_MODULES: dict[str, str] = {}
+_COMMAND_MODULES: dict[str, str] = {
+    "dflash_trt.train_cli": "train_draft_command",
+}
 
 
 def _register_command_modules() -> None:

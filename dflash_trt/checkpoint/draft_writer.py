@@ -1,0 +1,105 @@
+"""Write a drafter as a z-lab DFlash folder: config.json (+ dflash_config) and model.safetensors.
+
+The folder loads in our runtime (`read_draft`) and in z-lab's `dflash==0.1.0`
+(`DFlashDraftModel(Qwen3Config(**config))` + the safetensors state dict). The write is atomic:
+files go to a temporary sibling folder that is renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from dflash_trt.checkpoint.configs import DraftConfig, TargetConfig
+
+
+def draft_config_json(config: DraftConfig, torch_dtype: str = "float32") -> dict:
+    """The z-lab `config.json` for a drafter (Qwen3 backbone keys + `dflash_config`)."""
+    d = config.dims
+    rope = {"rope_type": "default", "rope_theta": d.rope.theta}
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": config.block_size,
+        "dflash_config": {
+            "target_layer_ids": list(config.target_layer_ids),
+            "mask_token_id": config.mask_token_id,
+        },
+        "num_target_layers": config.num_target_layers,
+        "num_hidden_layers": d.num_layers,
+        "hidden_size": d.hidden_size,
+        "intermediate_size": d.intermediate_size,
+        "num_attention_heads": d.num_heads,
+        "num_key_value_heads": d.num_kv_heads,
+        "head_dim": d.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": d.rms_norm_eps,
+        "rope_theta": d.rope.theta,
+        "rope_parameters": rope,
+        "attention_bias": d.attention_bias,
+        "max_position_embeddings": d.max_position_embeddings,
+        "vocab_size": config.vocab_size,
+        "tie_word_embeddings": False,
+        "layer_types": list(config.layer_types),
+        "sliding_window": config.sliding_window,
+        "torch_dtype": torch_dtype,
+    }
+
+
+def draft_config_for_target(
+    target: TargetConfig,
+    num_layers: int,
+    block_size: int,
+    mask_token_id: int,
+    target_layer_ids: tuple[int, ...],
+) -> DraftConfig:
+    """A drafter shaped like its target (z-lab copies the target's per-layer dimensions)."""
+    dims = replace(target.dims, num_layers=num_layers, qk_norm=True, mlp_bias=False)
+    return DraftConfig(
+        vocab_size=target.vocab_size,
+        dims=dims,
+        block_size=block_size,
+        mask_token_id=mask_token_id,
+        target_layer_ids=tuple(target_layer_ids),
+        num_target_layers=target.dims.num_layers,
+        layer_types=("full_attention",) * num_layers,
+    )
+
+
+def write_draft_folder(
+    folder: str | Path,
+    config: DraftConfig,
+    state_dict: dict[str, torch.Tensor],
+    dtype: torch.dtype = torch.float32,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """Atomically write config.json, model.safetensors and `extra_files` (name -> text)."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        dtype_name = str(dtype).removeprefix("torch.")
+        (tmp / "config.json").write_text(json.dumps(draft_config_json(config, dtype_name), indent=2) + "\n")
+        tensors = {k: v.detach().to(dtype).contiguous() for k, v in state_dict.items()}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        if folder.exists():
+            old = folder.with_name(f".{folder.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(folder, old)
+            os.replace(tmp, folder)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder

@@ -1,0 +1,112 @@
+"""Training data for drafters: read samples, optionally regenerate them with the target, pack.
+
+Accepted inputs (`--data`, repeatable):
+- `.jsonl`: one object per line, `{"token_ids": [...]}`, `{"text": "..."}` or
+  `{"prompt": "...", "completion": "..."}` (loss only on the completion);
+- any other file: read as UTF-8 text and cut into windows.
+With regeneration, each sample's prompt (its `prompt`, or its first `prompt_tokens` tokens) is
+continued by the target itself, so the drafter learns the exact distribution it will verify
+against (DFlash drafters are trained on target-regenerated data, reference §5).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dflash_trt.errors import ConfigError
+
+
+@dataclass
+class Sample:
+    tokens: list[int]
+    trained_from: int = 0  # loss applies to positions >= trained_from
+
+
+def read_samples(paths: list[Path], tokenizer, window: int) -> list[Sample]:
+    """Samples from JSONL records or raw text files (tokenized with the target's tokenizer)."""
+    samples: list[Sample] = []
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: data file not found")
+        if path.suffix == ".jsonl":
+            samples += _jsonl_samples(path, tokenizer)
+        else:
+            tokens = _encode(tokenizer, path.read_text(encoding="utf-8", errors="replace"), path)
+            samples += [Sample(tokens[i : i + window]) for i in range(0, max(1, len(tokens) - 1), window)]
+    samples = [s for s in samples if len(s.tokens) >= 2]
+    if not samples:
+        raise ConfigError(f"no usable training samples in {[str(p) for p in paths]}")
+    return samples
+
+
+def _encode(tokenizer, text: str, where: Path) -> list[int]:
+    if tokenizer is None:
+        raise ConfigError(f"{where}: text data needs a tokenizer; the target folder has no tokenizer.json")
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _jsonl_samples(path: Path, tokenizer) -> list[Sample]:
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{n}: not valid JSON ({exc})") from None
+        if "token_ids" in record:
+            out.append(Sample([int(t) for t in record["token_ids"]], int(record.get("trained_from", 0))))
+        elif "prompt" in record:
+            prompt = _encode(tokenizer, record["prompt"], path)
+            completion = _encode(tokenizer, record.get("completion", ""), path)
+            out.append(Sample(prompt + completion, len(prompt)))
+        elif "text" in record:
+            out.append(Sample(_encode(tokenizer, record["text"], path)))
+        else:
+            raise ConfigError(f"{path}:{n}: expected a 'token_ids', 'text' or 'prompt' field")
+    return out
+
+
+def regenerate(target, samples: list[Sample], prompt_tokens: int, new_tokens: int, temperature: float,
+               seed: int, batch_size: int = 32, stop_ids=frozenset(), progress=None) -> list[Sample]:
+    """Replace each sample's continuation by the target's own decoding of its prompt."""
+    from dflash_trt.spec.autoregressive import autoregressive_generate
+    from dflash_trt.spec.requests import Request, StopCriteria
+    from dflash_trt.spec.sampling import SamplingParams
+
+    out = []
+    for start in range(0, len(samples), batch_size):
+        chunk = samples[start : start + batch_size]
+        prompts = [tuple(s.tokens[: s.trained_from or prompt_tokens]) for s in chunk]
+        requests = [Request(p, SamplingParams(temperature, seed=seed + start + i), StopCriteria(new_tokens, stop_ids))
+                    for i, p in enumerate(prompts)]
+        for prompt, result in zip(prompts, autoregressive_generate(target, requests)):
+            out.append(Sample(list(prompt) + result.tokens, len(prompt)))
+        if progress is not None:
+            progress(len(chunk))
+    return out
+
+
+def pack(samples: list[Sample], seq_len: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> tokens [N, seq_len] (right-padded / truncated), loss_mask [N, seq_len] bool."""
+    tokens = torch.full((len(samples), seq_len), pad_id, dtype=torch.int64)
+    mask = torch.zeros(len(samples), seq_len, dtype=torch.bool)
+    for i, s in enumerate(samples):
+        seq = s.tokens[:seq_len]
+        tokens[i, : len(seq)] = torch.tensor(seq, dtype=torch.int64)
+        mask[i, s.trained_from : len(seq)] = True
+    return tokens, mask
+
+
+def save_samples(path: Path, samples: list[Sample]) -> None:
+    lines = (json.dumps({"token_ids": s.tokens, "trained_from": s.trained_from}) for s in samples)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def load_samples(path: Path) -> list[Sample]:
+    return _jsonl_samples(path, None)

@@ -1,0 +1,44 @@
+"""`dflash-trt train-draft`: train a DFlash drafter for a Hugging Face target."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from dflash_trt.cli_types import INT_LIST
+
+
+@click.command("train-draft", short_help="Train a DFlash drafter for a HF target (CPU or CUDA).")
+@click.option("--target", type=click.Path(exists=True, file_okay=False), required=True, help="HF target folder.")
+@click.option("--data", type=click.Path(exists=True, dir_okay=False), multiple=True, required=True,
+              help="JSONL (token_ids | text | prompt+completion) or text files; repeatable.")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="Output drafter folder (z-lab format).")
+@click.option("--block-size", type=click.IntRange(min=2), default=16, show_default=True)
+@click.option("--layers", type=click.IntRange(min=1), default=1, show_default=True, help="Draft decoder layers.")
+@click.option("--target-layer-ids", type=INT_LIST, help="Tapped target layers (default: up to 5, spread).")
+@click.option("--mask-token-id", type=click.IntRange(min=0), help="Default: tokenizer mask token / first unused row.")
+@click.option("--steps", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--seq-len", type=click.IntRange(min=4), default=256, show_default=True)
+@click.option("--num-anchors", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=6e-4, show_default=True)
+@click.option("--regenerate", is_flag=True, help="Continue each sample's prompt with the target itself.")
+@click.option("--regen-prompt-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--regen-new-tokens", type=click.IntRange(min=1), default=192, show_default=True)
+@click.option("--regen-temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--max-samples", type=click.IntRange(min=1), help="Use at most this many samples.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--save-every", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Steps between resumable checkpoints (OUT.train-state/).")
+@click.option("--device", default="auto", show_default=True)
+def train_draft_command(**options):
+    """Train a drafter: frozen target taps + random anchor blocks, decayed cross-entropy.
+
+    Interrupted runs resume from OUT.train-state/ when started again with the same settings.
+    """
+    from dflash_trt.train.trainer import TrainDraftConfig, train_draft
+
+    options["data"] = list(options["data"])
+    summary = train_draft(TrainDraftConfig(**options))
+    click.echo(json.dumps(summary | {"out": options["out"]}, indent=2))

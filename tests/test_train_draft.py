@@ -1,0 +1,91 @@
+"""train-draft: the loss falls, the output folder loads in our runtime and in z-lab's dflash."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from dflash_trt.checkpoint.hf import check_pair, read_draft, read_target
+from dflash_trt.cli import cli
+from dflash_trt.train.blocks import block_attention_mask, sample_blocks
+
+
+def _data(path, n=48, length=40):
+    g = torch.Generator().manual_seed(0)
+    with open(path, "w") as f:
+        for _ in range(n):
+            f.write(json.dumps({"token_ids": torch.randint(0, 250, (length,), generator=g).tolist()}) + "\n")
+    return path
+
+
+def _train(target, data, out, steps, extra=()):
+    args = ["train-draft", "--target", str(target), "--data", str(data), "--out", str(out), "--steps", str(steps),
+            "--block-size", "8", "--seq-len", "48", "--batch-size", "4", "--num-anchors", "8",
+            "--mask-token-id", "255", "--regenerate", "--regen-prompt-tokens", "8", "--regen-new-tokens", "40",
+            "--lr", "3e-3", "--save-every", "10", *extra]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output[result.output.index("{"):])
+
+
+def test_training_lowers_loss_and_output_loads_in_both_loaders(tiny_pair, tmp_path):
+    target = tiny_pair[0]
+    summary = _train(target, _data(tmp_path / "d.jsonl"), tmp_path / "draft", 60)
+    history = summary["loss_history"]
+    assert sum(history[-10:]) / 10 < sum(history[:10]) / 10 - 0.25
+    ckpt = read_draft(tmp_path / "draft")
+    check_pair(read_target(target), ckpt)
+    assert ckpt.config.block_size == 8 and ckpt.config.mask_token_id == 255
+    from tiny_models import oracle_draft
+
+    oracle = oracle_draft(json.loads((tmp_path / "draft" / "config.json").read_text()))
+    missing, unexpected = oracle.load_state_dict(load_file(str(tmp_path / "draft" / "model.safetensors")), strict=False)
+    assert not unexpected and not [m for m in missing if "rotary" not in m]
+
+
+def test_resume_continues_from_saved_step(tiny_pair, tmp_path):
+    data = _data(tmp_path / "d.jsonl")
+    _train(tiny_pair[0], data, tmp_path / "draft", 20)
+    state = json.loads((tmp_path / "draft.train-state" / "state.json").read_text())
+    assert state["step"] == 20
+    more = _train(tiny_pair[0], data, tmp_path / "draft", 20)  # same settings: nothing left to do
+    assert more["steps"] == 20 and more["loss_history"] == []
+
+
+def test_resume_with_other_settings_is_refused(tiny_pair, tmp_path):
+    data = _data(tmp_path / "d.jsonl")
+    _train(tiny_pair[0], data, tmp_path / "draft", 10)
+    args = ["train-draft", "--target", str(tiny_pair[0]), "--data", str(data), "--out", str(tmp_path / "draft"),
+            "--steps", "10", "--block-size", "4", "--mask-token-id", "255"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1 and "other settings" in result.output
+
+
+def test_anchor_blocks_see_only_strictly_earlier_context():
+    tokens = torch.arange(20)[None]
+    mask = torch.ones(1, 20, dtype=torch.bool)
+    batch = sample_blocks(tokens, mask, num_anchors=3, block_size=4, mask_token_id=99, gamma=4.0,
+                          generator=torch.Generator().manual_seed(0))
+    anchors = batch.anchors[0].tolist()
+    assert all(1 <= a <= 18 for a in anchors)
+    for n, a in enumerate(anchors):
+        assert batch.block_tokens[0, 4 * n : 4 * n + 4].tolist() == [a, 99, 99, 99]
+        expected = [a + k if a + k < 20 else -100 for k in range(1, 4)]
+        assert batch.labels[0, n].tolist() == expected
+    visible = block_attention_mask(batch.anchors, 20, 4, causal=False, window=None)[0, 0]
+    for n, a in enumerate(anchors):
+        row = visible[4 * n]
+        assert row[:20].tolist() == [k < a for k in range(20)]
+        assert row[20:].tolist() == [m // 4 == n for m in range(12)]
+
+
+def test_anchors_respect_loss_mask():
+    tokens = torch.arange(30)[None]
+    mask = torch.zeros(1, 30, dtype=torch.bool)
+    mask[0, 20:] = True
+    batch = sample_blocks(tokens, mask, 8, 4, 99, 4.0, torch.Generator().manual_seed(1))
+    used = [a for a in batch.anchors[0].tolist() if a >= 0]
+    assert used and all(a + 1 >= 20 for a in used)
+    assert all(v == -100 or v >= 20 for v in batch.labels.flatten().tolist())
