@@ -1,0 +1,95 @@
+"""The runner contract (DESIGN §5) and its torch implementation.
+
+The scheduler owns requests, slots, lengths and stop logic; a runner owns tensors and caches.
+Slots index static per-slot caches, so rewinding a slot is only a length change.
+
+- TargetRunner.prefill(slots, prompts, sampling) -> (first tokens [B], taps [B, T, n*H], positions [B, T], lengths [B])
+- TargetRunner.verify(slots, blocks [B, K+1], start [B], sampling) -> (tokens [B, K+1], accepted [B], taps [B, K+1, n*H])
+- TargetRunner.commit(slots, lengths [B])
+- DraftRunner.append_context(slots, taps, positions, valid); DraftRunner.propose(slots, bonus [B], start [B]) -> drafts [B, K]
+- DraftRunner.commit(slots, lengths [B])
+
+A backend (torch here; trtllm engines elsewhere) implements only these calls.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from dflash_trt.model.draft import DFlashDraft
+from dflash_trt.model.target import Target
+from dflash_trt.spec.batch import pad_prompts
+from dflash_trt.spec.sampling import sample_tokens
+from dflash_trt.spec.verify import verify_block
+
+Sampling = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # temperature, top_k, top_p, seed [B]
+
+
+class TargetRunner(Protocol):
+    vocab_size: int
+
+    def prefill(self, slots, prompts, sampling: Sampling): ...
+    def verify(self, slots, blocks, start, sampling: Sampling): ...
+    def commit(self, slots, lengths): ...
+
+
+class DraftRunner(Protocol):
+    block_size: int
+
+    def append_context(self, slots, taps, positions, valid): ...
+    def propose(self, slots, bonus, start): ...
+    def commit(self, slots, lengths): ...
+
+
+class TorchTargetRunner:
+    def __init__(self, target: Target, n_slots: int, capacity: int, tap_layers: tuple[int, ...]):
+        self.target, self.tap_layers = target, tuple(tap_layers)
+        self.cache = target.new_cache(n_slots, capacity)
+        self.device = target.lm_head.weight.device
+        self.vocab_size = target.config.vocab_size
+
+    @torch.inference_mode()
+    def prefill(self, slots: torch.Tensor, prompts: list[tuple[int, ...]], sampling: Sampling):
+        tokens, positions, lengths = pad_prompts(prompts, self.device)
+        logits, taps = self.target(tokens, positions, self.cache, slots, self.tap_layers,
+                                   logit_rows=(lengths - 1)[:, None])
+        self.cache.crop(slots, lengths)
+        return sample_tokens(logits[:, 0], lengths, *sampling), taps, positions, lengths
+
+    @torch.inference_mode()
+    def verify(self, slots: torch.Tensor, blocks: torch.Tensor, start: torch.Tensor, sampling: Sampling):
+        positions = start[:, None] + torch.arange(blocks.shape[1], device=self.device)[None, :]
+        logits, taps = self.target(blocks, positions, self.cache, slots, self.tap_layers)
+        tokens, accepted = verify_block(logits, blocks[:, 1:], start, *sampling)
+        return tokens, accepted, taps
+
+    def commit(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
+        self.cache.crop(slots, lengths)
+
+    def embed_weight(self) -> torch.Tensor:
+        return self.target.model.embed_tokens.weight
+
+
+class TorchDraftRunner:
+    def __init__(self, draft: DFlashDraft, target: Target, n_slots: int, capacity: int, block_size: int):
+        self.draft, self.target, self.block_size = draft, target, block_size
+        self.cache = draft.new_cache(n_slots, capacity)
+        self.device = target.lm_head.weight.device
+        self.mask_token_id = draft.config.mask_token_id
+
+    @torch.inference_mode()
+    def append_context(self, slots, taps, positions, valid) -> None:
+        self.draft.append_context(taps, positions, self.cache, slots, valid)
+
+    @torch.inference_mode()
+    def propose(self, slots: torch.Tensor, bonus: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        block = torch.full((slots.numel(), self.block_size), self.mask_token_id, dtype=torch.int64, device=self.device)
+        block[:, 0] = bonus
+        positions = start[:, None] + torch.arange(self.block_size, device=self.device)[None, :]
+        hidden = self.draft(self.target.embed(block), positions, self.cache, slots)
+        return self.draft.logits(hidden[:, 1:], self.target.lm_head).argmax(dim=-1)
+
+    def commit(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
+        self.cache.crop(slots, lengths)

@@ -1,0 +1,235 @@
+"""Continuous-batching DFlash scheduler: requests join and leave a running batch between steps.
+
+One `step()`:
+1. drop cancelled requests and free their slots;
+2. admit waiting requests into free slots: one batched target prefill, first token chosen by the
+   sampling rule, prompt taps appended to the draft context;
+3. one DFlash step for every running slot: draft [bonus, MASK x K] in one pass, verify in one
+   target pass, accept the matching prefix + bonus, stop checks, stream, rewind caches.
+Each request keeps its own slot, positions, sampling params and seed, so its tokens are exactly
+its autoregressive tokens whatever else shares the batch. `run()` loops in a thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from dflash_trt.runtime.runner import DraftRunner, TargetRunner
+from dflash_trt.spec.requests import Detokenize, GenerationResult, Request, Row
+from dflash_trt.spec.sampling import params_tensors
+
+
+@dataclass
+class Event:
+    """What a request's sink receives: newly committed tokens, then one final event."""
+
+    tokens: list[int]
+    finished: bool = False
+    result: GenerationResult | None = None
+    cancelled: bool = False
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class StepStats:
+    batch: int
+    admitted: int
+    prefill_s: float
+    draft_s: float
+    verify_s: float
+    committed: list[int]  # tokens committed per running row this step
+
+
+Sink = Callable[[Event], None]
+
+
+class Sequence:
+    """A request bound to the scheduler: its Row (tokens, stops), slot and decode position."""
+
+    _ids = itertools.count()
+
+    def __init__(self, request: Request, sink: Sink, is_cancelled, detokenize: Detokenize | None):
+        self.id = next(self._ids)
+        self.request, self.sink, self.is_cancelled = request, sink, is_cancelled
+        self.row = Row(self.id, request, detokenize)
+        self.slot: int | None = None
+        self.bonus = 0  # last committed token, not yet run through the target
+        self.start = 0  # its absolute position
+        self.submitted_at = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.cancelled = False
+
+    def emit(self, event: Event) -> None:
+        try:
+            self.sink(event)
+        except Exception:  # a sink that cannot deliver (client gone) cancels its request
+            self.cancelled = True
+
+    def stats(self) -> dict:
+        now = time.perf_counter()
+        steps = self.row.acceptance_lengths
+        return {
+            "ttft_s": (self.first_token_at or now) - self.submitted_at,
+            "total_s": now - self.submitted_at,
+            "verify_steps": len(steps),
+            "mean_acceptance_length": sum(steps) / len(steps) if steps else 0.0,
+        }
+
+
+class Scheduler:
+    def __init__(self, target: TargetRunner, draft: DraftRunner, n_slots: int, capacity: int,
+                 detokenize: Detokenize | None = None, max_prefill_batch: int = 8, device="cpu",
+                 on_step: Callable[[StepStats], None] | None = None):
+        self.target, self.draft, self.capacity = target, draft, capacity
+        self.detokenize, self.max_prefill_batch, self.device = detokenize, max_prefill_batch, device
+        self.on_step = on_step
+        self.block_size = draft.block_size
+        self.free_slots = list(range(n_slots))
+        self.waiting: deque[Sequence] = deque()
+        self.running: dict[int, Sequence] = {}
+        self.wakeup = threading.Condition()
+        self.stopping = False
+
+    # --- requests ------------------------------------------------------------------------------
+    def check(self, request: Request) -> None:
+        """Raise ValueError if the request cannot fit a slot of this scheduler."""
+        need = len(request.prompt) + request.stop.max_new_tokens + self.block_size + 1
+        if need > self.capacity:
+            raise ValueError(
+                f"prompt ({len(request.prompt)} tokens) + max_tokens ({request.stop.max_new_tokens}) exceeds "
+                f"the bundle's max_seq_len ({self.capacity - self.block_size - 1})"
+            )
+        bad = [t for t in request.prompt if not 0 <= t < self.target.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} outside the vocabulary 0..{self.target.vocab_size - 1}")
+
+    def submit(self, request: Request, sink: Sink, is_cancelled: Callable[[], bool] | None = None) -> Sequence:
+        self.check(request)
+        seq = Sequence(request, sink, is_cancelled, self.detokenize)
+        with self.wakeup:
+            self.waiting.append(seq)
+            self.wakeup.notify()
+        return seq
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    # --- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Step until `stop()`; sleeps while there is nothing to do."""
+        while True:
+            with self.wakeup:
+                while self.idle and not self.stopping:
+                    self.wakeup.wait()
+                if self.stopping:
+                    return
+            self.step()
+
+    def stop(self) -> None:
+        with self.wakeup:
+            self.stopping = True
+            self.wakeup.notify_all()
+
+    def step(self) -> None:
+        self._drop_cancelled()
+        t0 = time.perf_counter()
+        admitted = self._admit()
+        t1 = time.perf_counter()
+        if not self.running:
+            return
+        draft_s, verify_s, committed = self._decode()
+        if self.on_step is not None:
+            self.on_step(StepStats(len(committed), admitted, t1 - t0, draft_s, verify_s, committed))
+
+    # --- internals -----------------------------------------------------------------------------
+    def _drop_cancelled(self) -> None:
+        with self.wakeup:
+            waiting = list(self.waiting)
+            self.waiting = deque(s for s in waiting if not self._cancelled(s))
+        for seq in waiting:
+            if seq.cancelled:
+                seq.emit(Event([], finished=True, cancelled=True, result=seq.row.result()))
+        for slot, seq in list(self.running.items()):
+            if self._cancelled(seq):
+                self._finish(seq, cancelled=True)
+
+    @staticmethod
+    def _cancelled(seq: Sequence) -> bool:
+        if not seq.cancelled and seq.is_cancelled is not None:
+            try:
+                seq.cancelled = bool(seq.is_cancelled())
+            except Exception:
+                seq.cancelled = True
+        return seq.cancelled
+
+    def _finish(self, seq: Sequence, cancelled: bool = False) -> None:
+        if seq.row.finish_reason is None:
+            seq.row.finish_reason = "cancelled" if cancelled else "length"
+        self.running.pop(seq.slot, None)
+        self.free_slots.append(seq.slot)
+        seq.emit(Event([], finished=True, cancelled=cancelled, result=seq.row.result(), stats=seq.stats()))
+
+    def _sampling(self, seqs: list[Sequence]):
+        return params_tensors([s.request.params for s in seqs], self.device)
+
+    def _admit(self) -> int:
+        with self.wakeup:
+            n = min(len(self.free_slots), len(self.waiting), self.max_prefill_batch)
+            seqs = [self.waiting.popleft() for _ in range(n)]
+        if not seqs:
+            return 0
+        for seq in seqs:
+            seq.slot = self.free_slots.pop(0)
+        slots = torch.tensor([s.slot for s in seqs], device=self.device)
+        first, taps, positions, lengths = self.target.prefill(slots, [s.request.prompt for s in seqs], self._sampling(seqs))
+        self.draft.append_context(slots, taps, positions, positions < lengths[:, None])
+        self.draft.commit(slots, lengths)
+        now = time.perf_counter()
+        for seq, token, length in zip(seqs, first.tolist(), lengths.tolist()):
+            seq.first_token_at, seq.bonus, seq.start = now, token, length
+            self.running[seq.slot] = seq
+            self._commit(seq, [token])
+        return n
+
+    def _commit(self, seq: Sequence, tokens: list[int], accepted: int | None = None) -> int:
+        """Commit target tokens (stops applied), record acceptance, stream, finish if done."""
+        kept = seq.row.commit(tokens)
+        if accepted is not None:
+            seq.row.acceptance_lengths.append(kept)
+            seq.row.accepted_drafts.append(accepted)
+        if kept:
+            seq.emit(Event(seq.row.tokens[-kept:]))
+        if seq.row.done or seq.cancelled:
+            self._finish(seq, cancelled=seq.cancelled and not seq.row.done)
+        return kept
+
+    def _decode(self) -> tuple[float, float, list[int]]:
+        seqs = list(self.running.values())
+        slots = torch.tensor([s.slot for s in seqs], device=self.device)
+        bonus = torch.tensor([s.bonus for s in seqs], device=self.device)
+        start = torch.tensor([s.start for s in seqs], device=self.device)
+        t0 = time.perf_counter()
+        drafts = self.draft.propose(slots, bonus, start)  # [n, K]
+        t1 = time.perf_counter()
+        blocks = torch.cat([bonus[:, None], drafts], dim=1)
+        tokens, accepted, taps = self.target.verify(slots, blocks, start, self._sampling(seqs))
+        t2 = time.perf_counter()
+        committed = accepted + 1
+        new_start = start + committed
+        self.target.commit(slots, new_start)
+        offsets = torch.arange(blocks.shape[1], device=self.device)[None, :]
+        self.draft.append_context(slots, taps, start[:, None] + offsets, offsets < committed[:, None])
+        self.draft.commit(slots, new_start)
+        kept_per_row = []
+        for seq, row_tokens, a, s in zip(seqs, tokens.tolist(), accepted.tolist(), new_start.tolist()):
+            seq.bonus, seq.start = row_tokens[a], s
+            kept_per_row.append(self._commit(seq, row_tokens[: a + 1], a))
+        return t1 - t0, t2 - t1, kept_per_row

@@ -1,0 +1,73 @@
+"""A running DFlash service: runners + scheduler + its thread, built from a loaded pair.
+
+This is what the Triton orchestrator holds (and what tests drive without Triton): `submit`
+streams events to a sink from the scheduler thread; `generate` is the blocking convenience.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from dflash_trt.runtime.local import LoadedPair
+from dflash_trt.runtime.runner import TorchDraftRunner, TorchTargetRunner
+from dflash_trt.runtime.scheduler import Event, Scheduler, Sequence, StepStats
+from dflash_trt.spec.requests import GenerationResult, Request
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    max_batch_size: int = 8  # slots decoded together
+    max_seq_len: int = 1024  # prompt + generated tokens per request
+    block_size: int | None = None  # default: the drafter's
+
+
+class DFlashService:
+    def __init__(self, pair: LoadedPair, limits: ServiceLimits = ServiceLimits(), on_step=None):
+        if pair.draft is None:
+            raise ValueError("a DFlash service needs a drafter")
+        self.pair, self.limits = pair, limits
+        block_size = limits.block_size or pair.draft.config.block_size
+        capacity = limits.max_seq_len + block_size + 1
+        target = TorchTargetRunner(pair.target, limits.max_batch_size, capacity, pair.draft.config.target_layer_ids)
+        draft = TorchDraftRunner(pair.draft, pair.target, limits.max_batch_size, capacity, block_size)
+        detokenize = pair.detokenize if pair.tokenizer is not None else None
+        self.scheduler = Scheduler(target, draft, limits.max_batch_size, capacity, detokenize,
+                                   device=target.device, on_step=on_step)
+        self.thread = threading.Thread(target=self._run, name="dflash-scheduler", daemon=True)
+        self.error: BaseException | None = None
+        self.thread.start()
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        try:
+            self.scheduler.run()
+        except BaseException as exc:  # surface to callers instead of dying silently
+            self.error = exc
+            raise
+
+    def submit(self, request: Request, sink, is_cancelled=None) -> Sequence:
+        if self.error is not None:
+            raise RuntimeError(f"the scheduler thread failed: {self.error!r}")
+        return self.scheduler.submit(request, sink, is_cancelled)
+
+    def generate(self, requests: list[Request], timeout: float = 600.0) -> list[GenerationResult]:
+        """Submit all requests at once and wait for every final result."""
+        done: queue.Queue = queue.Queue()
+        for i, request in enumerate(requests):
+            self.submit(request, lambda e, i=i: done.put((i, e)) if e.finished else None)
+        results: list[GenerationResult | None] = [None] * len(requests)
+        for _ in requests:
+            i, event = done.get(timeout=timeout)
+            results[i] = event.result
+        return results
+
+    def shutdown(self) -> None:
+        self.scheduler.stop()
+        self.thread.join(timeout=30)
+
+
+__all__ = ["DFlashService", "ServiceLimits", "Event", "StepStats"]

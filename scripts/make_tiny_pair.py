@@ -1,0 +1,198 @@
+#!/usr/bin/env python
+"""Reproduce the shipped tiny pair from a seed: tokenizer -> target -> regenerated data -> drafter.
+
+Data: the Python standard library sources of the running interpreter (every machine has them
+offline), split into train / held-out files by a hash of the relative path. Stages (each reuses
+the previous stage's output in --work):
+
+  tokenizer  byte-level BPE (vocab 4096, `<|endoftext|>` = 0, `<|mask|>` = 1) on the train files
+  target     Qwen3 architecture (6 layers, hidden 192) trained from scratch, saved as a HF folder
+  draft      `dflash-trt train-draft --regenerate` on prompts cut from the train files
+  prompts    held-out prompts (JSONL) for benchmarks
+  all        everything above, then copy into dflash_trt/assets/
+
+    python scripts/make_tiny_pair.py --stage all --seed 0
+
+Timing on the 2-core CPU dev machine: see dflash_trt/assets/README.md (written by this script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import shutil
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+ASSETS = ROOT / "dflash_trt" / "assets"
+SPECIALS = ["<|endoftext|>", "<|mask|>"]
+TARGET_SHAPE = dict(hidden_size=192, intermediate_size=512, num_hidden_layers=6, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=48)
+
+
+def stdlib_files() -> tuple[list[Path], list[Path]]:
+    """(train, held-out) .py files of the stdlib, tests and site-packages excluded, sorted."""
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    skip = ("site-packages", "test", "tests", "idle_test", "lib2to3", "__pycache__")
+    files = sorted(p for p in lib.rglob("*.py") if not set(p.relative_to(lib).parts) & set(skip))
+    held = lambda p: hashlib.sha256(str(p.relative_to(lib)).encode()).digest()[0] < 13  # ~5%  # noqa: E731
+    return [p for p in files if not held(p)], [p for p in files if held(p)]
+
+
+def read(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def train_tokenizer(work: Path, files: list[Path], vocab: int = 4096) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS, min_frequency=2,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=True)
+    tok.train_from_iterator((read(p) for p in files), trainer)
+    out = work / "target"
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": SPECIALS[0], "pad_token": SPECIALS[0],
+        "mask_token": SPECIALS[1], "model_max_length": 1024, "clean_up_tokenization_spaces": False,
+    }, indent=2))
+
+
+def token_stream(work: Path, files: list[Path]) -> torch.Tensor:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(work / "target" / "tokenizer.json"))
+    ids: list[int] = []
+    for enc in tok.encode_batch([read(p) for p in files], add_special_tokens=False):
+        ids += enc.ids + [0]
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+def train_target(work: Path, stream: torch.Tensor, steps: int, seed: int, batch: int = 16, seq: int = 256) -> dict:
+    from rich.progress import Progress
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=4096, max_position_embeddings=1024, tie_word_embeddings=True, rope_theta=10000.0,
+                         eos_token_id=0, bos_token_id=None, pad_token_id=0, **TARGET_SHAPE)
+    config.architectures = ["Qwen3ForCausalLM"]
+    model = Qwen3ForCausalLM(config)
+    decay = [p for n, p in model.named_parameters() if p.dim() > 1]
+    other = [p for n, p in model.named_parameters() if p.dim() <= 1]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+                            lr=3e-3, betas=(0.9, 0.95))
+    g = torch.Generator().manual_seed(seed)
+    losses, t0 = [], time.perf_counter()
+    with Progress() as progress:
+        task = progress.add_task("train target", total=steps)
+        for step in range(steps):
+            starts = torch.randint(0, len(stream) - seq - 1, (batch,), generator=g)
+            x = torch.stack([stream[s : s + seq] for s in starts])
+            for group in opt.param_groups:
+                group["lr"] = 3e-3 * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+            loss = model(x, labels=x).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(float(loss))
+            progress.update(task, advance=1, description=f"train target loss {sum(losses[-20:]) / len(losses[-20:]):.3f}")
+    model.to(torch.bfloat16).save_pretrained(work / "target")
+    return {"steps": steps, "batch": batch, "seq_len": seq, "final_loss": sum(losses[-50:]) / 50,
+            "seconds": round(time.perf_counter() - t0), "params": sum(p.numel() for p in model.parameters())}
+
+
+def cut_prompts(work: Path, files: list[Path], n: int, length: int, seed: int, name: str) -> Path:
+    """JSONL of `n` prompts of `length` tokens starting at random line starts of `files`."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(work / "target" / "tokenizer.json"))
+    rng = random.Random(seed)
+    out = []
+    texts = [t for t in (read(p) for p in files) if len(t) > 2000]
+    while len(out) < n:
+        text = rng.choice(texts)
+        lines = text.splitlines(keepends=True)
+        start = rng.randrange(len(lines))
+        ids = tok.encode("".join(lines[start : start + 40]), add_special_tokens=False).ids[:length]
+        if len(ids) == length:
+            out.append({"token_ids": ids, "text": tok.decode(ids)})
+    path = work / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in out))
+    return path
+
+
+def train_drafter(work: Path, seed: int, steps: int, layers: int) -> dict:
+    from dflash_trt.train.trainer import TrainDraftConfig, train_draft
+
+    prompts = work / "draft_prompts.jsonl"
+    records = [json.loads(line) for line in prompts.read_text().splitlines()]
+    (work / "draft_data.jsonl").write_text("".join(json.dumps({"token_ids": r["token_ids"]}) + "\n" for r in records))
+    cfg = TrainDraftConfig(
+        target=str(work / "target"), data=[str(work / "draft_data.jsonl")], out=str(work / "draft"),
+        block_size=16, layers=layers, steps=steps, batch_size=8, seq_len=256, num_anchors=32, lr=1e-3,
+        regenerate=True, regen_prompt_tokens=64, regen_new_tokens=192, seed=seed, save_every=250,
+    )
+    return train_draft(cfg)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stage", choices=["tokenizer", "target", "draft", "prompts", "all"], default="all")
+    ap.add_argument("--work", type=Path, default=ROOT / "out" / "tiny_pair")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--target-steps", type=int, default=1500)
+    ap.add_argument("--draft-steps", type=int, default=2000)
+    ap.add_argument("--draft-layers", type=int, default=1)
+    ap.add_argument("--draft-samples", type=int, default=2048)
+    args = ap.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    args.work.mkdir(parents=True, exist_ok=True)
+    train_files, held_files = stdlib_files()
+    log_path = args.work / "make_log.json"
+    log = json.loads(log_path.read_text()) if log_path.is_file() else {}
+    log["data"] = {"stdlib": sysconfig.get_paths()["stdlib"], "train_files": len(train_files), "heldout_files": len(held_files)}
+    stages = ["tokenizer", "target", "draft", "prompts"] if args.stage == "all" else [args.stage]
+    for stage in stages:
+        t0 = time.perf_counter()
+        if stage == "tokenizer":
+            train_tokenizer(args.work, train_files)
+        elif stage == "target":
+            stream = token_stream(args.work, train_files)
+            log["data"]["train_tokens"] = len(stream)
+            log["target"] = train_target(args.work, stream, args.target_steps, args.seed)
+        elif stage == "draft":
+            cut_prompts(args.work, train_files, args.draft_samples, 64, args.seed, "draft_prompts.jsonl")
+            log["draft"] = {k: v for k, v in train_drafter(args.work, args.seed, args.draft_steps, args.draft_layers).items()
+                            if k != "loss_history"}
+        elif stage == "prompts":
+            cut_prompts(args.work, held_files, 64, 64, args.seed + 1, "heldout_prompts.jsonl")
+        log.setdefault("seconds", {})[stage] = round(time.perf_counter() - t0)
+        log_path.write_text(json.dumps(log, indent=2))
+        print(f"stage {stage}: {log['seconds'][stage]} s", flush=True)
+    if args.stage == "all":
+        install(args.work)
+
+
+def install(work: Path) -> None:
+    """Copy the pair and held-out prompts into dflash_trt/assets/ (replacing the old ones)."""
+    for name, src in (("tiny-qwen3", work / "target"), ("tiny-qwen3-dflash", work / "draft")):
+        dst = ASSETS / name
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("generation_config.json"))
+    shutil.copy(work / "heldout_prompts.jsonl", ASSETS / "heldout_prompts.jsonl")
+    shutil.copy(work / "make_log.json", ASSETS / "make_log.json")
+
+
+if __name__ == "__main__":
+    main()
