@@ -73,6 +73,7 @@ def generate_command(target_dir, draft_dir, prompt, prompt_ids, chat, block_size
 # Maps module -> attribute, e.g. {"dflash_trt.convert_cli": "convert_command"}.
 _COMMAND_MODULES: dict[str, str] = {
     "dflash_trt.train_cli": "train_draft_command",
+    "dflash_trt.convert_cli": "convert_command",
 }
 
 
