@@ -1,0 +1,46 @@
+"""Tensor parallel: TP=2 over torch.distributed (two gloo processes) decodes exactly like TP=1."""
+
+import pytest
+
+from dflash_trt.runtime.local import generate
+from dflash_trt.runtime.tp import TPJob, load_trtllm_pair, tp_generate
+from dflash_trt.spec.requests import Request, StopCriteria
+from dflash_trt.spec.sampling import SamplingParams
+from test_convert import run_convert
+from tiny_models import make_draft, make_target
+
+REQUESTS = (
+    Request((5, 6, 7, 8), stop=StopCriteria(10)),
+    Request((100, 3, 9, 41, 41, 7), SamplingParams(temperature=0.8, top_k=20, seed=7), StopCriteria(8)),
+)
+CASES = {  # name -> (pair, convert options)
+    "fp32": ("gqa", {}),
+    "mqa_odd_vocab": ("mqa", {}),  # KV heads duplicated on both ranks, lm_head padded 255 -> 256
+    "nvfp4_fp8kv": ("gqa", {"quant": "nvfp4", "kv_cache": "fp8"}),  # the simulated W4A4 + FP8 KV path
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_pair, tmp_path_factory):
+    root = tmp_path_factory.mktemp("tp")
+    hf = make_target(root / "mqa" / "target", "qwen3", seed=5, num_key_value_heads=1, vocab_size=255)
+    make_draft(root / "mqa" / "draft", hf.config)
+    pairs = {"gqa": tiny_pair[:2], "mqa": (root / "mqa" / "target", root / "mqa" / "draft")}
+    out = {}
+    for name, (pair, options) in CASES.items():
+        for tp in (1, 2):
+            out[name, tp] = root / f"{name}_tp{tp}"
+            run_convert(*pairs[pair], out[name, tp], tp=tp, **options)
+    return out
+
+
+def test_tp2_over_gloo_gives_the_same_tokens_as_tp1(checkpoints):
+    jobs = [TPJob(str(checkpoints[name, 2] / "target"), str(checkpoints[name, 2] / "draft"), REQUESTS, 4)
+            for name in CASES]
+    tp2 = tp_generate(jobs, tp=2)  # raises if the two ranks disagree
+    for name, results in zip(CASES, tp2):
+        folder = checkpoints[name, 1]
+        pair = load_trtllm_pair(folder / "target", folder / "draft", dtype="fp32", device="cpu")
+        reference, _ = generate(pair, list(REQUESTS), block_size=4)
+        for a, b in zip(results, reference):
+            assert a.tokens == b.tokens and a.acceptance_lengths == b.acceptance_lengths, name
