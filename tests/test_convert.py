@@ -22,6 +22,15 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
 REQUESTS = [Request((5, 6, 7, 8), stop=StopCriteria(24)), Request((100, 3, 9), stop=StopCriteria(17))]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: intra-op threads only add overhead, and stall badly when other jobs share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def run_convert(target, draft, out, **kw):
     kw = {"dtype": "fp32", "calibrator": "builtin", "calib_samples": 4, "calib_seq_len": 16,
           "calib_new_tokens": 8} | kw

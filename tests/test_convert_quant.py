@@ -12,7 +12,7 @@ from dflash_trt.checkpoint.trtllm_names import TARGET_NAMES, hf_names_of, linear
 from dflash_trt.convert_calibrate import calibrate_pair, random_prompts
 from dflash_trt.quant import numerics as nq
 from dflash_trt.runtime.tp import load_trtllm_pair
-from test_convert import run_convert
+from test_convert import one_thread, run_convert  # noqa: F401  (autouse fixture)
 from test_quant_numerics import fp8_bound, nvfp4_bound
 
 mtq = pytest.importorskip("modelopt.torch.quantization")

@@ -6,6 +6,7 @@ import torch
 from dflash_trt.errors import ConfigError
 from dflash_trt.quant import numerics as nq
 from dflash_trt.quant.modes import HANDLERS, get_handler, kv_cache_scale
+from test_convert import one_thread  # noqa: F401  (autouse fixture)
 
 mo_qtensor = pytest.importorskip("modelopt.torch.quantization.qtensor")
 mo_tensor_quant = pytest.importorskip("modelopt.torch.quantization.tensor_quant")
