@@ -13,6 +13,7 @@ its autoregressive tokens whatever else shares the batch. `run()` loops in a thr
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -35,6 +36,7 @@ class Event:
     result: GenerationResult | None = None
     cancelled: bool = False
     stats: dict = field(default_factory=dict)
+    error: str | None = None  # the step failed: this request is over, with this message
 
 
 @dataclass
@@ -48,6 +50,7 @@ class StepStats:
 
 
 Sink = Callable[[Event], None]
+log = logging.getLogger(__name__)
 
 
 class Sequence:
@@ -96,6 +99,7 @@ class Scheduler:
         self.running: dict[int, Sequence] = {}
         self.wakeup = threading.Condition()
         self.stopping = False
+        self._admitting: list[Sequence] = []  # popped from waiting, not yet running (for failures)
 
     # --- requests ------------------------------------------------------------------------------
     def check(self, request: Request) -> None:
@@ -139,15 +143,32 @@ class Scheduler:
             self.wakeup.notify_all()
 
     def step(self) -> None:
+        """One scheduler iteration. A failure ends the requests it touched, never the loop."""
         self._drop_cancelled()
-        t0 = time.perf_counter()
-        admitted = self._admit()
-        t1 = time.perf_counter()
-        if not self.running:
+        try:
+            t0 = time.perf_counter()
+            admitted = self._admit()
+            t1 = time.perf_counter()
+            if not self.running:
+                return
+            draft_s, verify_s, committed = self._decode()
+        except Exception as exc:  # noqa: BLE001 - report to the affected requests, keep serving
+            log.exception("decode step failed")
+            self._fail_running(f"internal error in the decode step: {exc!r}")
             return
-        draft_s, verify_s, committed = self._decode()
         if self.on_step is not None:
-            self.on_step(StepStats(len(committed), admitted, t1 - t0, draft_s, verify_s, committed))
+            try:
+                self.on_step(StepStats(len(committed), admitted, t1 - t0, draft_s, verify_s, committed))
+            except Exception:  # noqa: BLE001 - metrics must never stop decoding
+                log.exception("on_step callback failed")
+
+    def _fail_running(self, message: str) -> None:
+        for seq in list(self.running.values()) + self._admitting:
+            if seq.slot is not None and seq.slot not in self.free_slots:
+                self.free_slots.append(seq.slot)
+            self.running.pop(seq.slot, None)
+            seq.emit(Event([], finished=True, result=seq.row.result(), error=message))
+        self._admitting = []
 
     # --- internals -----------------------------------------------------------------------------
     def _drop_cancelled(self) -> None:
@@ -186,6 +207,7 @@ class Scheduler:
             seqs = [self.waiting.popleft() for _ in range(n)]
         if not seqs:
             return 0
+        self._admitting = seqs
         for seq in seqs:
             seq.slot = self.free_slots.pop(0)
         slots = torch.tensor([s.slot for s in seqs], device=self.device)
@@ -193,6 +215,7 @@ class Scheduler:
         self.draft.append_context(slots, taps, positions, positions < lengths[:, None])
         self.draft.commit(slots, lengths)
         now = time.perf_counter()
+        self._admitting = []
         for seq, token, length in zip(seqs, first.tolist(), lengths.tolist()):
             seq.first_token_at, seq.bonus, seq.start = now, token, length
             self.running[seq.slot] = seq

@@ -1,0 +1,87 @@
+"""`dflash-trt build`: check inputs -> (convert) -> bundle with manifest + golden outputs.
+
+Backend `torch` bundles the HF target and z-lab drafter as they are (dtype and device are load
+settings recorded in the config). Backend `trtllm` needs TensorRT-LLM (see docs/trtllm-backend.md).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from dflash_trt.checkpoint.hf import check_pair, read_draft, read_target
+from dflash_trt.engine import bundle as bundles
+from dflash_trt.engine.config import BuildConfig
+from dflash_trt.engine.golden import compute_golden, prompt_ids
+from dflash_trt.errors import ConfigError, MissingDependencyError
+from dflash_trt.runtime.local import LoadedPair, load_pair
+
+
+def _check_backend(cfg: BuildConfig) -> None:
+    if cfg.backend == "trtllm":
+        try:
+            import tensorrt_llm  # noqa: F401
+        except ImportError:
+            raise MissingDependencyError(
+                f"{cfg.source}: backend 'trtllm' needs tensorrt_llm==1.2.1 (pip install 'dflash-trt[trtllm]' on a "
+                "CUDA machine); use backend: torch here"
+            ) from None
+    if cfg.quant != "none" or cfg.kv_cache != "auto":
+        raise ConfigError(
+            f"{cfg.source}: field 'quant': the torch backend bundles unquantized weights; quantized checkpoints "
+            "come from `dflash-trt convert --quant` (see docs/quantization.md)"
+        )
+
+
+def build_bundle(cfg: BuildConfig, log=print) -> tuple[Path, dict, bool]:
+    """Build (or reuse) the bundle for `cfg`; returns (path, manifest, reused)."""
+    t0 = time.perf_counter()
+    _check_backend(cfg)
+    target_ckpt, draft_ckpt = read_target(cfg.target_path()), read_draft(cfg.draft_path())
+    check_pair(target_ckpt, draft_ckpt)
+    fingerprint = bundles.input_fingerprint(cfg)
+    existing = bundles.reusable(cfg, fingerprint)
+    if existing is not None:
+        log(f"unchanged config and inputs: reusing {existing}")
+        return existing, bundles.read_manifest(existing), True
+
+    def fill(tmp: Path) -> None:
+        log(f"copying target {cfg.target_path()} and drafter {cfg.draft_path()}")
+        bundles.copy_model(cfg.target_path(), tmp / "target")
+        bundles.copy_model(cfg.draft_path(), tmp / "draft")
+        pair = load_pair(tmp / "target", tmp / "draft", "fp32" if cfg.dtype == "auto" else cfg.dtype, "cpu")
+        block_size = cfg.block_size or pair.draft.config.block_size
+        log(f"golden outputs ({len(cfg.golden.prompts)} prompt entries, {cfg.golden.max_new_tokens} tokens)")
+        prompts = prompt_ids(cfg.golden.prompts, pair.tokenizer, cfg.source)
+        golden = compute_golden(pair, prompts, cfg.golden.max_new_tokens, block_size)
+        if not golden["matches_autoregressive"]:
+            raise ConfigError(f"{cfg.source}: speculative output differs from autoregressive output (a bug: report it)")
+        bundles.write_manifest(tmp, cfg, fingerprint, pair_info(pair, block_size), golden, time.perf_counter() - t0)
+
+    out = bundles.write_atomically(cfg.output_path(), fill)
+    return out, bundles.read_manifest(out), False
+
+
+def pair_info(pair: LoadedPair, block_size: int) -> dict:
+    d = pair.draft.config
+    return {
+        "block_size": block_size,
+        "mask_token_id": d.mask_token_id,
+        "target_layer_ids": list(d.target_layer_ids),
+        "target": {"family": pair.target.config.family, "vocab_size": pair.target.config.vocab_size,
+                   "num_layers": pair.target.config.dims.num_layers},
+        "draft": {"num_layers": d.dims.num_layers, "trained_block_size": d.block_size},
+        "has_tokenizer": pair.tokenizer is not None,
+    }
+
+
+def load_bundle(path: str | Path, dtype: str | None = None, device: str | None = None, verify: bool = True):
+    """Verify a bundle's hashes and load its pair; returns (manifest, LoadedPair)."""
+    path = Path(path)
+    manifest = bundles.verify_bundle(path) if verify else bundles.read_manifest(path)
+    if manifest.get("format_version") != bundles.FORMAT_VERSION:
+        raise ConfigError(f"{path / 'manifest.json'}: field 'format_version': {manifest.get('format_version')} "
+                          f"is not {bundles.FORMAT_VERSION}; rebuild with this dflash-trt")
+    config = manifest["config"]
+    pair = load_pair(path / "target", path / "draft", dtype or config["dtype"], device or config["runtime"]["device"])
+    return manifest, pair

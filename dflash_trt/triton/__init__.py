@@ -1,0 +1,1 @@
+"""Triton Inference Server integration: repository rendering, server launcher, orchestrator, client."""

@@ -1,0 +1,150 @@
+"""The `dflash` Triton model's logic: a decoupled Python-backend model, thin over `DFlashService`.
+
+`model.py` in the repository only forwards `initialize / execute / finalize` here. `execute`
+validates each request (a bad one gets an error response and nothing else happens), submits it to
+the continuous-batching scheduler and returns at once; the scheduler thread streams committed
+tokens back through the request's response sender. `pb_utils` is passed in (it only exists inside
+the Triton stub), so everything else here is importable and testable anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from dflash_trt.errors import DFlashTrtError
+from dflash_trt.runtime.service import DFlashService, ServiceLimits
+from dflash_trt.triton.protocol import parse_request
+from dflash_trt.triton.text_stream import TextStream
+
+TIME_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0]
+
+
+class Metrics:
+    """Prometheus metrics on Triton's metrics port (pb_utils.MetricFamily)."""
+
+    def __init__(self, pb, block_size: int):
+        fam, labels = pb.MetricFamily, {"model": "dflash"}
+        # FOOTGUN: a MetricFamily garbage-collected before its Metric makes every observe() raise.
+        self.families = {
+            "acceptance": fam("dflash_acceptance_length", "Tokens committed per verify step", fam.HISTOGRAM),
+            "draft": fam("dflash_draft_step_seconds", "Draft pass time per decode step", fam.HISTOGRAM),
+            "verify": fam("dflash_verify_step_seconds", "Verify pass time per decode step", fam.HISTOGRAM),
+            "tokens": fam("dflash_generated_tokens_total", "Tokens generated", fam.COUNTER),
+            "batch": fam("dflash_batch_size", "Requests in the last decode step", fam.GAUGE),
+        }
+        lengths = [float(i) for i in range(1, block_size + 1)]
+        self.acceptance = self.families["acceptance"].Metric(labels=labels, buckets=lengths)
+        self.draft_s = self.families["draft"].Metric(labels=labels, buckets=TIME_BUCKETS)
+        self.verify_s = self.families["verify"].Metric(labels=labels, buckets=TIME_BUCKETS)
+        self.tokens = self.families["tokens"].Metric(labels=labels)
+        self.batch = self.families["batch"].Metric(labels=labels)
+
+    def on_step(self, step) -> None:
+        self.draft_s.observe(step.draft_s)
+        self.verify_s.observe(step.verify_s)
+        self.batch.set(float(step.batch))
+        for n in step.committed:
+            if n:
+                self.acceptance.observe(float(n))
+        self.tokens.increment(float(sum(step.committed) + step.admitted))
+
+
+class ResponseStream:
+    """Scheduler sink for one request: turns events into Triton responses on its sender."""
+
+    def __init__(self, pb, sender, stream: bool, text: TextStream | None):
+        self.pb, self.sender, self.stream, self.text = pb, sender, stream, text
+
+    def __call__(self, event) -> None:
+        if event.error is not None:
+            error = self.pb.InferenceResponse(output_tensors=[], error=self.pb.TritonError(event.error))
+            self.sender.send(error, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        if not event.finished:
+            if self.stream:
+                delta = self.text.push(event.tokens) if self.text else ""
+                self.sender.send(self._response(delta, event.tokens))
+            elif self.text:
+                self.text.push(event.tokens)
+            return
+        result = event.result
+        if self.stream:
+            text, ids = (self.text.finish() if self.text else ""), []
+        else:
+            text, ids = (self.text.finish() if self.text else ""), result.tokens
+        final = self._response(text, ids, result, event.stats)
+        self.sender.send(final, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _response(self, text: str, ids: list[int], result=None, stats=None):
+        pb = self.pb
+        lengths = result.acceptance_lengths if result else []
+        tensors = [
+            pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
+            pb.Tensor("output_ids", np.array(ids, dtype=np.int32)),
+            pb.Tensor("finish_reason", np.array([(result.finish_reason if result else "").encode()], dtype=np.object_)),
+            pb.Tensor("num_output_tokens", np.array([len(result.tokens) if result else 0], dtype=np.int32)),
+            pb.Tensor("verify_steps", np.array([len(lengths)], dtype=np.int32)),
+            pb.Tensor("mean_acceptance_length",
+                      np.array([sum(lengths) / len(lengths) if lengths else 0.0], dtype=np.float32)),
+            pb.Tensor("acceptance_lengths", np.array(lengths, dtype=np.int32)),
+        ]
+        return pb.InferenceResponse(output_tensors=tensors)
+
+
+class Orchestrator:
+    def __init__(self, pb, args: dict):
+        from dflash_trt.engine.build import load_bundle
+
+        self.pb = pb
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        if not pb.using_decoupled_model_transaction_policy(config):
+            raise pb.TritonModelException("the dflash model must be decoupled (model_transaction_policy)")
+        manifest, pair = load_bundle(params["bundle_path"], device=params.get("device") or None)
+        runtime = manifest["config"]["runtime"]
+        self.limits = ServiceLimits(int(params.get("max_batch_size", runtime["max_batch_size"])),
+                                    int(params.get("max_seq_len", runtime["max_seq_len"])), manifest["block_size"])
+        self.pair = pair
+        self.eos_ids = frozenset(pair.target.config.eos_token_ids) | (
+            {pair.tokenizer.eos_token_id} if pair.tokenizer is not None and pair.tokenizer.eos_token_id is not None else set())
+        self.metrics = Metrics(pb, self.limits.block_size)
+        self.service = DFlashService(pair, self.limits, on_step=self.metrics.on_step)
+
+    def execute(self, requests) -> None:
+        for request in requests:
+            self._submit(request)
+        return None
+
+    def _submit(self, request) -> None:
+        pb = self.pb
+        sender = request.get_response_sender()
+
+        def get(name):
+            tensor = pb.get_input_tensor_by_name(request, name)
+            return None if tensor is None else tensor.as_numpy()
+
+        try:
+            parsed = parse_request(get, self.pair.tokenizer, self.limits.max_seq_len,
+                                   self.pair.target.config.vocab_size, self.eos_ids)
+            text = None
+            if self.pair.tokenizer is not None:
+                text = TextStream(self.pair.detokenize, parsed.request.stop.stop_strings)
+            sink = ResponseStream(pb, sender, parsed.stream, text)
+            self.service.submit(parsed.request, sink, is_cancelled=_cancel_check(request, sender))
+        except (DFlashTrtError, ValueError) as exc:
+            message = exc.format_message() if isinstance(exc, DFlashTrtError) else str(exc)
+            sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message)),
+                        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def finalize(self) -> None:
+        self.service.shutdown()
+
+
+def _cancel_check(request, sender):
+    if hasattr(sender, "is_cancelled"):
+        return sender.is_cancelled
+    if hasattr(request, "is_cancelled"):
+        return request.is_cancelled
+    return None

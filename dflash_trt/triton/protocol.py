@@ -1,0 +1,149 @@
+"""The `dflash` model's request/response tensors (Triton LLM conventions) and their validation.
+
+Inputs follow the names of Triton's LLM ensembles / BLS so `/v2/models/dflash/generate` works
+with the usual JSON (`{"text_input": ..., "max_tokens": 64, "stream": false}`). Every invalid
+request becomes one clear `RequestError`; nothing here can take the server down.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from dflash_trt.errors import RequestError
+from dflash_trt.spec.requests import Request, StopCriteria
+from dflash_trt.spec.sampling import SamplingParams
+
+# name, Triton type, dims (max_batch_size 0: these are full shapes)
+INPUTS = [
+    ("text_input", "TYPE_STRING", [1]),
+    ("input_ids", "TYPE_INT32", [-1]),
+    ("max_tokens", "TYPE_INT32", [1]),
+    ("stream", "TYPE_BOOL", [1]),
+    ("temperature", "TYPE_FP32", [1]),
+    ("top_p", "TYPE_FP32", [1]),
+    ("top_k", "TYPE_INT32", [1]),
+    ("seed", "TYPE_UINT64", [1]),
+    ("stop_words", "TYPE_STRING", [-1]),
+    ("stop_token_ids", "TYPE_INT32", [-1]),
+    ("chat", "TYPE_BOOL", [1]),
+]
+OUTPUTS = [
+    ("text_output", "TYPE_STRING", [1]),  # streaming: the new text of this response; else the full text
+    ("output_ids", "TYPE_INT32", [-1]),  # streaming: the new tokens; else all generated tokens
+    ("finish_reason", "TYPE_STRING", [1]),  # "" until the final response: stop | length | cancelled
+    ("num_output_tokens", "TYPE_INT32", [1]),
+    ("verify_steps", "TYPE_INT32", [1]),
+    ("mean_acceptance_length", "TYPE_FP32", [1]),
+    ("acceptance_lengths", "TYPE_INT32", [-1]),  # tokens committed per verify step (final response)
+]
+DEFAULT_MAX_TOKENS = 64
+
+
+@dataclass
+class ParsedRequest:
+    request: Request
+    stream: bool
+
+
+def _scalar(get: Callable, name: str, kind: type, default):
+    value = get(name)
+    if value is None:
+        return default
+    flat = np.asarray(value).reshape(-1)
+    if flat.size != 1:
+        raise RequestError(f"input '{name}': expected one value, got {flat.size}")
+    item = flat[0]
+    if kind is bool:
+        return bool(item)
+    if kind is int:
+        return int(item)
+    number = float(item)
+    if not math.isfinite(number):
+        raise RequestError(f"input '{name}': expected a finite number, got {number}")
+    return number
+
+
+def _strings(get: Callable, name: str) -> list[str]:
+    value = get(name)
+    if value is None:
+        return []
+    out = []
+    for item in np.asarray(value, dtype=object).reshape(-1):
+        out.append(_utf8(item, name))
+    return [s for s in out if s]
+
+
+def _utf8(item, name: str) -> str:
+    if isinstance(item, str):
+        return item
+    try:
+        return bytes(item).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"input '{name}': not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def _prompt(get: Callable, tokenizer, chat: bool) -> list[int]:
+    ids = get("input_ids")
+    if ids is not None:
+        return [int(t) for t in np.asarray(ids).reshape(-1)]
+    text = get("text_input")
+    if text is None:
+        raise RequestError("input 'text_input' (or 'input_ids') is required")
+    flat = np.asarray(text, dtype=object).reshape(-1)
+    if flat.size != 1:
+        raise RequestError(f"input 'text_input': expected one string, got {flat.size}")
+    prompt = _utf8(flat[0], "text_input")
+    if not prompt:
+        raise RequestError("input 'text_input': the prompt is empty")
+    if tokenizer is None:
+        raise RequestError("input 'text_input': this bundle has no tokenizer; send 'input_ids'")
+    if chat:
+        from dflash_trt.tokenizer import encode_prompt
+
+        return encode_prompt(tokenizer, prompt, chat=True)
+    return tokenizer.encode(prompt, add_special_tokens=True)
+
+
+def parse_request(get: Callable, tokenizer, max_seq_len: int, vocab_size: int,
+                  eos_ids: frozenset[int] = frozenset()) -> ParsedRequest:
+    """Validate one request's inputs (`get(name)` -> numpy array or None) into a `Request`."""
+    prompt = _prompt(get, tokenizer, _scalar(get, "chat", bool, False))
+    if not prompt:
+        raise RequestError("the prompt is empty")
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise RequestError(f"input 'input_ids': {bad[:5]} outside the vocabulary 0..{vocab_size - 1}")
+    max_tokens = _scalar(get, "max_tokens", int, DEFAULT_MAX_TOKENS)
+    if max_tokens < 1:
+        raise RequestError(f"input 'max_tokens': must be >= 1, got {max_tokens}")
+    if len(prompt) >= max_seq_len:
+        raise RequestError(f"the prompt has {len(prompt)} tokens; this bundle allows at most {max_seq_len - 1}")
+    if len(prompt) + max_tokens > max_seq_len:
+        raise RequestError(
+            f"input 'max_tokens': prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds this "
+            f"bundle's max_seq_len ({max_seq_len}); ask for at most {max_seq_len - len(prompt)}"
+        )
+    temperature = _scalar(get, "temperature", float, 0.0)
+    top_p = _scalar(get, "top_p", float, 1.0)
+    top_k = _scalar(get, "top_k", int, 0)
+    seed = _scalar(get, "seed", int, 0)
+    if temperature < 0:
+        raise RequestError(f"input 'temperature': must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise RequestError(f"input 'top_p': must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise RequestError(f"input 'top_k': must be >= 0 (0 = off), got {top_k}")
+    stop_ids = {int(t) for t in np.asarray(get("stop_token_ids") if get("stop_token_ids") is not None else []).reshape(-1)}
+    stop_words = _strings(get, "stop_words")
+    if stop_words and tokenizer is None:
+        raise RequestError("input 'stop_words': this bundle has no tokenizer; use 'stop_token_ids'")
+    request = Request(
+        tuple(prompt),
+        SamplingParams(temperature, top_k, top_p, seed % 2**64),
+        StopCriteria(max_tokens, frozenset(stop_ids | set(eos_ids)), tuple(stop_words)),
+    )
+    return ParsedRequest(request, _scalar(get, "stream", bool, False))

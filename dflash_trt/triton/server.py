@@ -1,0 +1,176 @@
+"""Find, start and stop `tritonserver` (a system install, or the binary in the nvidia-pytriton wheel).
+
+The wheel recipe (DESIGN §8, reference/cpu-environment-probes.md §A): copy
+`site-packages/pytriton/tritonserver` to a private folder, put the Python stub of this
+interpreter's version into `backends/python/`, run with `LD_LIBRARY_PATH` = the wheel's
+`nvidia_pytriton.libs` + this interpreter's LIBDIR (else `import ssl` breaks inside models) and
+the virtualenv's `bin` first on PATH (the stub finds numpy, torch and dflash_trt through it).
+Servers bind to 127.0.0.1 unless asked otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_trt.errors import MissingDependencyError
+
+CACHE = Path(os.environ.get("DFLASH_TRT_CACHE", Path.home() / ".cache" / "dflash-trt"))
+SYSTEM_PATHS = ("/opt/tritonserver/bin/tritonserver",)
+
+
+@dataclass
+class ServerBinary:
+    executable: Path
+    backend_dir: Path | None
+    env: dict[str, str]
+    origin: str  # "system" | "pytriton"
+
+
+def _site_packages() -> Path | None:
+    try:
+        import pytriton
+    except ImportError:
+        return None
+    return Path(pytriton.__file__).resolve().parent.parent
+
+
+def _pytriton_binary() -> ServerBinary | None:
+    sp = _site_packages()
+    if sp is None or not (sp / "pytriton" / "tritonserver" / "bin" / "tritonserver").is_file():
+        return None
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    src = sp / "pytriton" / "tritonserver"
+    stub = src / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise MissingDependencyError(f"{stub}: nvidia-pytriton ships no Python backend stub for Python {version}")
+    private = CACHE / f"tritonserver-py{version}"
+    if not (private / "backends" / "python" / "triton_python_backend_stub").is_file():
+        tmp = private.with_name(private.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp)
+        shutil.copy2(stub, tmp / "backends" / "python" / "triton_python_backend_stub")
+        shutil.rmtree(private, ignore_errors=True)
+        os.replace(tmp, private)
+    libs = [str(sp / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
+    env = {
+        "LD_LIBRARY_PATH": os.pathsep.join([*libs, os.environ.get("LD_LIBRARY_PATH", "")]).strip(os.pathsep),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    }
+    return ServerBinary(private / "bin" / "tritonserver", private / "backends", env, "pytriton")
+
+
+def find_tritonserver() -> ServerBinary:
+    """A system tritonserver (NGC containers) if present, else the pytriton wheel's binary."""
+    system = shutil.which("tritonserver") or next((p for p in SYSTEM_PATHS if Path(p).is_file()), None)
+    if system:
+        env = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+        return ServerBinary(Path(system), None, env, "system")
+    binary = _pytriton_binary()
+    if binary is None:
+        raise MissingDependencyError(
+            "tritonserver not found: install it (NGC tritonserver container) or pip install 'dflash-trt[serve]' "
+            "(nvidia-pytriton ships a CPU-capable tritonserver)"
+        )
+    return binary
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Ports:
+    http: int
+    grpc: int
+    metrics: int
+
+    @classmethod
+    def pick(cls, http: int | None = None, grpc: int | None = None, metrics: int | None = None) -> "Ports":
+        return cls(http or free_port(), grpc or free_port(), metrics or free_port())
+
+
+class TritonServer:
+    """A tritonserver process for one model repository; a context manager that stops it."""
+
+    def __init__(self, repository: str | Path, host: str = "127.0.0.1", ports: Ports | None = None,
+                 log_path: str | Path | None = None, extra_args: tuple[str, ...] = ()):
+        self.repository, self.host = Path(repository), host
+        self.ports = ports or Ports.pick()
+        self.log_path = Path(log_path) if log_path else None
+        self.extra_args, self.process = extra_args, None
+        self.binary = find_tritonserver()
+
+    def command(self) -> list[str]:
+        p, h = self.ports, self.host
+        cmd = [str(self.binary.executable), f"--model-repository={self.repository.resolve()}",
+               f"--http-address={h}", f"--http-port={p.http}", f"--grpc-address={h}", f"--grpc-port={p.grpc}",
+               f"--metrics-address={h}", f"--metrics-port={p.metrics}", "--allow-metrics=true",
+               "--allow-gpu-metrics=false", "--exit-timeout-secs=10", *self.extra_args]
+        if self.binary.backend_dir is not None:
+            cmd.append(f"--backend-directory={self.binary.backend_dir}")
+        return cmd
+
+    @property
+    def url(self) -> str:
+        return f"{self.host}:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.ports.grpc}"
+
+    def start(self, timeout: float = 120.0) -> "TritonServer":
+        env = os.environ | self.binary.env
+        if self.log_path:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        try:
+            self.process = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()  # the child keeps its own descriptor
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with code {self.process.returncode}; log: {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"http://{self.url}/v2/health/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s; log: {self.log_path}")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
