@@ -8,6 +8,7 @@ works without any GPU stack. Every option can also come from a `DFLASH_TRT_*` va
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -36,9 +37,21 @@ def _sampling_options(f):
     return f
 
 
-@cli.command("generate", short_help="Generate text locally with DFlash (torch runtime).")
-@click.option("--target", "target_dir", type=click.Path(file_okay=False), required=True, help="HF target folder.")
-@click.option("--draft", "draft_dir", type=click.Path(file_okay=False), required=True, help="z-lab DFlash drafter folder.")
+BUILTIN_TARGET = "builtin:tiny-qwen3"
+BUILTIN_DRAFT = "builtin:tiny-qwen3-dflash"
+
+
+def _model_dir(value: str) -> str:
+    from dflash_trt.engine.config import resolve_model_path
+
+    return str(resolve_model_path(value, Path.cwd()))
+
+
+@cli.command("generate", short_help="Generate text with DFlash: locally (torch) or from a server (--url).")
+@click.option("--target", "target_dir", default=BUILTIN_TARGET, show_default=True, help="HF target folder.")
+@click.option("--draft", "draft_dir", default=BUILTIN_DRAFT, show_default=True, help="z-lab DFlash drafter folder.")
+@click.option("--url", help="Query a served model instead (gRPC host:port, or HTTP host:port with --protocol http).")
+@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True)
 @click.option("--prompt", help="Prompt text (tokenized with the target's tokenizer).")
 @click.option("--prompt-ids", type=INT_LIST, help="Prompt as token ids instead of text.")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the tokenizer's chat template.")
@@ -48,15 +61,20 @@ def _sampling_options(f):
 @click.option("--dtype", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True)
 @click.option("--compare-ar", is_flag=True, help="Also decode autoregressively; check tokens match, print speed-up.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: ids, text, statistics.")
-def generate_command(target_dir, draft_dir, prompt, prompt_ids, chat, block_size, temperature, top_k, top_p,
-                     seed, max_new_tokens, stop_strings, device, dtype, compare_ar, as_json):
+def generate_command(target_dir, draft_dir, url, protocol, prompt, prompt_ids, chat, block_size, temperature, top_k,
+                     top_p, seed, max_new_tokens, stop_strings, device, dtype, compare_ar, as_json):
     """Decode one prompt with a target + DFlash drafter pair and print text and statistics."""
     from dflash_trt import report
-    from dflash_trt.runtime.local import generate, load_pair
 
     if (prompt is None) == (prompt_ids is None):
         raise click.UsageError("give exactly one of --prompt or --prompt-ids")
-    pair = load_pair(target_dir, draft_dir, dtype, device)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if url:
+        report.remote_generate(url, protocol, prompt, prompt_ids, chat, sampling, max_new_tokens, stop_strings, as_json)
+        return
+    from dflash_trt.runtime.local import generate, load_pair
+
+    pair = load_pair(_model_dir(target_dir), _model_dir(draft_dir), dtype, device)
     request = report.build_request(pair, prompt, prompt_ids, chat, temperature, top_k, top_p, seed,
                                    max_new_tokens, stop_strings)
     stream = None if as_json or pair.tokenizer is None else report.TextStreamer(pair)
@@ -66,6 +84,82 @@ def generate_command(target_dir, draft_dir, prompt, prompt_ids, chat, block_size
         click.echo(json.dumps(report.generation_json(request, results[0], stats, baseline)))
     else:
         report.print_generation(pair, results[0], stats, baseline, streamed=stream is not None)
+
+
+@cli.command("build", short_help="Build an engine bundle from CONFIG.yaml (and publish it with --publish).")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--publish/--no-publish", default=True, show_default=True,
+              help="Also render the Triton repository named by the config's `repository`.")
+def build_command(config, publish):
+    """convert -> build -> bundle (manifest, hashes, golden outputs) -> publish; atomic and reused when unchanged."""
+    from dflash_trt.engine.build import build_bundle
+    from dflash_trt.engine.config import load_build_config
+    from dflash_trt.triton.repository import publish as publish_repo
+
+    cfg = load_build_config(config)
+    path, manifest, reused = build_bundle(cfg, log=lambda m: click.echo(m, err=True))
+    golden = manifest["golden"]
+    click.echo(f"bundle: {path} ({'reused' if reused else 'built'}, {manifest['size_bytes'] / 1e6:.1f} MB, "
+               f"golden τ {golden['mean_acceptance_length']:.2f})")
+    if publish:
+        click.echo(f"repository: {publish_repo(path, cfg.repository_path())}")
+
+
+@cli.command("publish", short_help="Render a Triton model repository for a bundle.")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.argument("repository", type=click.Path(file_okay=False))
+@click.option("--device", help="Override the bundle's runtime device (cpu, cuda, cuda:N).")
+@click.option("--max-batch-size", type=click.IntRange(min=1), help="Override the bundle's slot count.")
+def publish_command(bundle, repository, device, max_batch_size):
+    """Verify the bundle's hashes, then (re)write REPOSITORY/dflash atomically."""
+    from dflash_trt.triton.repository import publish
+
+    click.echo(f"repository: {publish(bundle, repository, device=device, max_batch_size=max_batch_size)}")
+
+
+@cli.command("serve", short_help="Run tritonserver on a repository until Ctrl-C.")
+@click.argument("repository", type=click.Path(exists=True, file_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (all three endpoints).")
+@click.option("--http-port", type=int, default=8000, show_default=True)
+@click.option("--grpc-port", type=int, default=8001, show_default=True)
+@click.option("--metrics-port", type=int, default=8002, show_default=True)
+@click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Server log file (default: inherit).")
+def serve_command(repository, host, http_port, grpc_port, metrics_port, log_path):
+    """Start tritonserver (system install or the nvidia-pytriton binary), wait until ready, stop on Ctrl-C."""
+    import signal
+    import threading
+
+    from dflash_trt.triton.server import Ports, TritonServer
+
+    server = TritonServer(repository, host, Ports(http_port, grpc_port, metrics_port), log_path)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    with server:
+        click.echo(f"ready: grpc {server.grpc_url}  http {server.url}  metrics {host}:{metrics_port}  (Ctrl-C stops)")
+        try:
+            while not stopped.wait(0.5) and server.process.poll() is None:
+                pass
+        except KeyboardInterrupt:
+            pass
+        click.echo("stopping tritonserver")
+
+
+@cli.command("regress", short_help="Rebuild presets and compare with committed baselines.")
+@click.argument("configs", nargs=-1, type=click.Path(exists=True, dir_okay=False))
+@click.option("--baselines", type=click.Path(file_okay=False), default="build_configs/baselines", show_default=True)
+@click.option("--update", is_flag=True, help="Rewrite the baselines from this build.")
+def regress_command(configs, baselines, update):
+    """Rebuild every preset this machine can build (default: build_configs/*.yaml); fail on any regression."""
+    from dflash_trt.engine.regress import print_table, regress_one
+
+    paths = [Path(c) for c in configs] or sorted(Path("build_configs").glob("*.yaml"))
+    if not paths:
+        raise click.UsageError("no configs given and none in build_configs/")
+    outcomes = [regress_one(p, Path(baselines), update, log=lambda m: click.echo(m, err=True)) for p in paths]
+    print_table(outcomes)
+    failed = [o.name for o in outcomes if o.status == "fail"]
+    if failed:
+        raise click.ClickException(f"regression in {', '.join(failed)}")
 
 
 # Commands that live in their own modules (each module defines one click command object).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -106,3 +107,24 @@ def print_generation(pair, result: GenerationResult, stats: DecodeStats, baselin
     rates = " ".join(f"{r:.2f}" for r in stats.per_position_acceptance)
     table.add_row("acceptance by draft position", rates or "-")
     Console(stderr=False).print(table)
+
+
+def remote_generate(url, protocol, prompt, prompt_ids, chat, sampling, max_new_tokens, stop_strings, as_json):
+    """`generate --url`: stream from a served `dflash` model and print text + statistics."""
+    from dflash_trt.triton.client import grpc_generate, http_generate, request_inputs
+
+    inputs = request_inputs(prompt, prompt_ids, max_new_tokens, stop_words=tuple(stop_strings), stream=True,
+                            chat=chat, **sampling)
+    call = grpc_generate if protocol == "grpc" else http_generate
+    on_text = None if as_json else (lambda delta: (sys.stdout.write(delta), sys.stdout.flush()))
+    result = call(url, inputs, on_text=on_text)
+    if as_json:
+        click.echo(json.dumps({"token_ids": result.token_ids, "text": result.text, "finish_reason": result.finish_reason,
+                               "acceptance_lengths": result.acceptance_lengths,
+                               "mean_acceptance_length": result.mean_acceptance_length,
+                               "ttft_s": result.ttft_s, "total_s": result.total_s, "tokens_per_s": result.tokens_per_s}))
+        return
+    click.echo()
+    click.echo(f"{len(result.token_ids)} tokens ({result.finish_reason}) in {result.total_s:.2f} s: "
+               f"{result.tokens_per_s:.1f} tokens/s, TTFT {result.ttft_s * 1000:.0f} ms, "
+               f"mean acceptance length τ {result.mean_acceptance_length:.2f}")

@@ -108,10 +108,19 @@ def reusable(cfg: BuildConfig, fingerprint: dict) -> Path | None:
     return out if manifest.get("fingerprint") == fingerprint else None
 
 
+def _remove_stale_temps(out: Path) -> None:
+    """Temp folders of builds that were killed (their pid is gone) are garbage; remove them."""
+    for stale in out.parent.glob(f".{out.name}.tmp-*"):
+        pid = stale.name.rsplit("-", 2)[-2] if stale.name.count("-") >= 2 else ""
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(stale, ignore_errors=True)
+
+
 def write_atomically(out: Path, fill) -> Path:
     """Create a temp sibling of `out`, let `fill(tmp)` populate it, then swap it into place."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    _remove_stale_temps(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     try:
         fill(tmp)
         if out.exists():

@@ -41,12 +41,14 @@ class Event:
 
 @dataclass
 class StepStats:
-    batch: int
+    batch: int  # rows decoded this step
     admitted: int
     prefill_s: float
     draft_s: float
     verify_s: float
     committed: list[int]  # tokens committed per running row this step
+    running: int = 0  # requests holding a slot after the step
+    waiting: int = 0  # requests queued for a slot
 
 
 Sink = Callable[[Event], None]
@@ -149,16 +151,15 @@ class Scheduler:
             t0 = time.perf_counter()
             admitted = self._admit()
             t1 = time.perf_counter()
-            if not self.running:
-                return
-            draft_s, verify_s, committed = self._decode()
+            draft_s, verify_s, committed = self._decode() if self.running else (0.0, 0.0, [])
         except Exception as exc:  # noqa: BLE001 - report to the affected requests, keep serving
             log.exception("decode step failed")
             self._fail_running(f"internal error in the decode step: {exc!r}")
             return
         if self.on_step is not None:
             try:
-                self.on_step(StepStats(len(committed), admitted, t1 - t0, draft_s, verify_s, committed))
+                self.on_step(StepStats(len(committed), admitted, t1 - t0, draft_s, verify_s, committed,
+                                       len(self.running), len(self.waiting)))
             except Exception:  # noqa: BLE001 - metrics must never stop decoding
                 log.exception("on_step callback failed")
 

@@ -33,6 +33,8 @@ class Metrics:
             "verify": fam("dflash_verify_step_seconds", "Verify pass time per decode step", fam.HISTOGRAM),
             "tokens": fam("dflash_generated_tokens_total", "Tokens generated", fam.COUNTER),
             "batch": fam("dflash_batch_size", "Requests in the last decode step", fam.GAUGE),
+            "running": fam("dflash_requests_running", "Requests holding a decode slot", fam.GAUGE),
+            "waiting": fam("dflash_requests_waiting", "Requests queued for a slot", fam.GAUGE),
         }
         lengths = [float(i) for i in range(1, block_size + 1)]
         self.acceptance = self.families["acceptance"].Metric(labels=labels, buckets=lengths)
@@ -40,8 +42,14 @@ class Metrics:
         self.verify_s = self.families["verify"].Metric(labels=labels, buckets=TIME_BUCKETS)
         self.tokens = self.families["tokens"].Metric(labels=labels)
         self.batch = self.families["batch"].Metric(labels=labels)
+        self.running = self.families["running"].Metric(labels=labels)
+        self.waiting = self.families["waiting"].Metric(labels=labels)
 
     def on_step(self, step) -> None:
+        self.running.set(float(step.running))
+        self.waiting.set(float(step.waiting))
+        if not step.batch:
+            return
         self.draft_s.observe(step.draft_s)
         self.verify_s.observe(step.verify_s)
         self.batch.set(float(step.batch))

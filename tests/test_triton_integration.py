@@ -1,0 +1,209 @@
+"""A real tritonserver (nvidia-pytriton's binary, CPU) serving the shipped tiny pair.
+
+Served output == local runtime output == autoregressive output, over gRPC (streaming and not),
+HTTP /generate and /generate_stream; concurrency; bad requests; cancellation; metrics.
+"""
+
+import json
+import queue
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dflash_trt.engine.build import build_bundle
+from dflash_trt.engine.config import load_build_config
+from dflash_trt.errors import RequestError
+from dflash_trt.spec.autoregressive import autoregressive_generate
+from dflash_trt.triton.client import grpc_generate, http_generate, request_inputs
+from dflash_trt.triton.protocol import parse_request
+from dflash_trt.triton.repository import publish
+from dflash_trt.triton.server import TritonServer
+
+pytestmark = pytest.mark.integration
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+PROMPTS = ["def parse_args(argv):\n", "class Queue:\n    def __init__(self", "import os\nimport sys\n\n",
+           "    for name, value in items:\n"]
+PARAMS = [dict(temperature=0.0), dict(temperature=0.8, top_k=40, seed=7), dict(temperature=1.0, top_p=0.9, seed=3)]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    cfg = load_build_config(ROOT / "build_configs" / "tiny-cpu.yaml")
+    cfg = replace(cfg, output=str(root / "bundle"), repository=str(root / "repo"))
+    bundle, manifest, _ = build_bundle(cfg, log=lambda m: None)
+    repo = publish(bundle, root / "repo")
+    server = TritonServer(repo, log_path=root / "server.log").start(timeout=180)
+    from dflash_trt.engine.build import load_bundle
+
+    _, pair = load_bundle(bundle, device="cpu")
+    yield server, pair, manifest
+    server.stop()
+
+
+def expected_tokens(pair, inputs_list, max_seq_len=512):
+    """Autoregressive decoding of the same requests, parsed exactly as the server parses them."""
+    eos = frozenset(pair.target.config.eos_token_ids) | {pair.tokenizer.eos_token_id}
+    requests = []
+    for inputs in inputs_list:
+        get = lambda name, i=inputs: None if name not in i else np.array(i[name] if isinstance(i[name], list) else [i[name]],
+                                                                          dtype=object if name in ("text_input", "stop_words") else None)
+        requests.append(parse_request(get, pair.tokenizer, max_seq_len, pair.target.config.vocab_size, eos).request)
+    return [r.tokens for r in autoregressive_generate(pair.target, requests, pair.detokenize)]
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=["greedy", "topk", "topp"])
+def test_served_equals_autoregressive_over_every_transport(served, params):
+    server, pair, _ = served
+    inputs = [request_inputs(p, max_tokens=40, **params) for p in PROMPTS[:2]]
+    expected = expected_tokens(pair, inputs)
+    for inp, tokens in zip(inputs, expected):
+        text = pair.detokenize(tokens)
+        runs = {
+            "grpc-stream": grpc_generate(server.grpc_url, inp | {"stream": True}),
+            "grpc": grpc_generate(server.grpc_url, inp | {"stream": False}),
+            "http-generate": http_generate(server.url, inp | {"stream": False}),
+            "http-generate_stream": http_generate(server.url, inp | {"stream": True}),
+        }
+        for name, result in runs.items():
+            assert result.token_ids == tokens, name
+            assert result.text == text, name
+            assert result.finish_reason in ("length", "stop"), name
+        assert runs["grpc-stream"].responses > 2  # really streamed
+
+
+def test_served_equals_local_runtime(served):
+    from dflash_trt.runtime.local import generate
+
+    server, pair, _ = served
+    inputs = request_inputs(PROMPTS[2], max_tokens=48, temperature=0.7, seed=11)
+    request = parse_request(lambda n: None if n not in inputs else np.array([inputs[n]], dtype=object if n == "text_input" else None),
+                            pair.tokenizer, 512, pair.target.config.vocab_size,
+                            frozenset({pair.tokenizer.eos_token_id})).request
+    local, _ = generate(pair, [request], block_size=16)
+    served_result = grpc_generate(server.grpc_url, inputs)
+    assert served_result.token_ids == local[0].tokens
+    assert served_result.acceptance_lengths == local[0].acceptance_lengths
+
+
+def test_sixteen_concurrent_streams_with_different_params(served):
+    server, pair, _ = served
+    inputs = []
+    for i in range(16):
+        params = dict(temperature=[0.0, 0.6, 1.0, 1.2][i % 4], top_k=[0, 20, 0, 50][i % 4],
+                      top_p=[1.0, 1.0, 0.8, 0.95][i % 4], seed=1000 + i)
+        inputs.append(request_inputs(PROMPTS[i % 4], max_tokens=24 + (i % 5) * 6, **params))
+    expected = expected_tokens(pair, inputs)
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda inp: grpc_generate(server.grpc_url, inp), inputs))
+    assert [r.token_ids for r in results] == expected
+
+
+def _grpc_error(server, raw_inputs) -> str:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    responses = queue.Queue()
+    client.start_stream(callback=lambda r, e: responses.put((r, e)))
+    tensors = []
+    for name, (array, dtype) in raw_inputs.items():
+        t = grpcclient.InferInput(name, list(array.shape), dtype)
+        t.set_data_from_numpy(array)
+        tensors.append(t)
+    client.async_stream_infer("dflash", tensors)
+    result, error = responses.get(timeout=60)
+    client.stop_stream()
+    assert error is not None, "expected an error response"
+    return error.message()
+
+
+BAD = {
+    "empty prompt": ({"text_input": (np.array([b""], dtype=object), "BYTES")}, "prompt is empty"),
+    "no prompt": ({"max_tokens": (np.array([4], dtype=np.int32), "INT32")}, "'text_input' (or 'input_ids') is required"),
+    "prompt too long": ({"input_ids": (np.full(600, 5, dtype=np.int32), "INT32")}, "at most 511"),
+    "max_tokens zero": ({"text_input": (np.array([b"x = 1"], dtype=object), "BYTES"),
+                         "max_tokens": (np.array([0], dtype=np.int32), "INT32")}, "must be >= 1"),
+    "max_tokens huge": ({"text_input": (np.array([b"x = 1"], dtype=object), "BYTES"),
+                         "max_tokens": (np.array([10**6], dtype=np.int32), "INT32")}, "exceeds this bundle's max_seq_len"),
+    "top_p zero": ({"text_input": (np.array([b"x"], dtype=object), "BYTES"),
+                    "top_p": (np.array([0.0], dtype=np.float32), "FP32")}, "'top_p': must be in (0, 1]"),
+    "top_p above one": ({"text_input": (np.array([b"x"], dtype=object), "BYTES"),
+                         "top_p": (np.array([1.5], dtype=np.float32), "FP32")}, "'top_p': must be in (0, 1]"),
+    "negative temperature": ({"text_input": (np.array([b"x"], dtype=object), "BYTES"),
+                              "temperature": (np.array([-0.5], dtype=np.float32), "FP32")}, "'temperature': must be >= 0"),
+    "wrong dtype": ({"text_input": (np.array([b"x"], dtype=object), "BYTES"),
+                     "temperature": (np.array([1], dtype=np.int32), "INT32")}, "temperature"),
+    "invalid utf-8": ({"text_input": (np.array([b"\xff\xfe bad"], dtype=object), "BYTES")}, "not valid UTF-8"),
+    "ids outside vocab": ({"input_ids": (np.array([1, 99999], dtype=np.int32), "INT32")}, "outside the vocabulary"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_request_gets_clear_error_and_server_keeps_serving(served, case):
+    server, pair, _ = served
+    raw, fragment = BAD[case]
+    assert fragment in _grpc_error(server, raw)
+    good = grpc_generate(server.grpc_url, request_inputs("x = 1\n", max_tokens=4))
+    assert len(good.token_ids) >= 1
+
+
+def test_bad_request_over_http_generate_is_reported(served):
+    server, _, _ = served
+    with pytest.raises(RequestError, match="top_p"):
+        http_generate(server.url, request_inputs("x", max_tokens=4, top_p=2.0, stream=False))
+
+
+def _metric(server, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics").read().decode()
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name)]
+    return sum(values)
+
+
+def test_client_that_disconnects_mid_stream_frees_its_slot(served):
+    import tritonclient.grpc as grpcclient
+
+    server, _, _ = served
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    first = threading.Event()
+    client.start_stream(callback=lambda r, e: first.set())
+    inputs = request_inputs("def main():\n", max_tokens=400, temperature=1.0, seed=5)
+    from dflash_trt.triton.client import _grpc_inputs
+
+    client.async_stream_infer("dflash", _grpc_inputs(grpcclient, inputs))
+    assert first.wait(60)
+    assert _metric(server, "dflash_requests_running") >= 1
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    deadline = time.time() + 30
+    while _metric(server, "dflash_requests_running") > 0 and time.time() < deadline:
+        time.sleep(0.2)
+    assert _metric(server, "dflash_requests_running") == 0
+    assert len(grpc_generate(server.grpc_url, request_inputs("y = 2\n", max_tokens=4)).token_ids) >= 1
+
+
+def test_metrics_report_acceptance_and_step_times(served):
+    server, _, _ = served
+    grpc_generate(server.grpc_url, request_inputs(PROMPTS[0], max_tokens=32))
+    assert _metric(server, "dflash_generated_tokens_total") >= 32
+    assert _metric(server, "dflash_acceptance_length_count") >= 1
+    assert _metric(server, "dflash_verify_step_seconds_count") >= 1
+    assert _metric(server, "dflash_draft_step_seconds_sum") > 0
+
+
+def test_stop_words_cut_text_and_stream_never_takes_text_back(served):
+    server, pair, _ = served
+    base = grpc_generate(server.grpc_url, request_inputs(PROMPTS[0], max_tokens=40))
+    assert len(base.text) > 10
+    stop = base.text[6:9]
+    pieces = []
+    result = grpc_generate(server.grpc_url, request_inputs(PROMPTS[0], max_tokens=40, stop_words=(stop,)),
+                           on_text=pieces.append)
+    assert result.finish_reason == "stop"
+    assert result.text == base.text[: base.text.index(stop)]
+    assert "".join(pieces) == result.text
+    assert json.dumps(result.text)  # valid text
