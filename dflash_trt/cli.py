@@ -167,6 +167,7 @@ def regress_command(configs, baselines, update):
 # Maps module -> attribute, e.g. {"dflash_trt.convert_cli": "convert_command"}.
 _COMMAND_MODULES: dict[str, str] = {
     "dflash_trt.train_cli": "train_draft_command",
+    "dflash_trt.bench_cli": "bench_command",
     "dflash_trt.convert_cli": "convert_command",
 }
 

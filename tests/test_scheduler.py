@@ -99,3 +99,14 @@ def test_sink_that_raises_cancels_only_its_request(service, loaded_tiny_pair):
 def test_request_too_long_for_the_bundle_is_rejected(service):
     with pytest.raises(ValueError, match="max_seq_len"):
         service.submit(Request(tuple(range(100)), stop=StopCriteria(100)), lambda e: None)
+
+
+def test_block_size_one_service_is_plain_autoregressive(loaded_tiny_pair):
+    svc = DFlashService(loaded_tiny_pair, ServiceLimits(max_batch_size=3, max_seq_len=128, block_size=1))
+    try:
+        requests = _requests(0.9, n=5, seed=21)
+        got = svc.generate(requests)
+        assert [g.tokens for g in got] == [e.tokens for e in autoregressive_generate(loaded_tiny_pair.target, requests)]
+        assert all(set(g.acceptance_lengths) <= {1} for g in got)
+    finally:
+        svc.shutdown()

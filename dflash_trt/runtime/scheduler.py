@@ -89,13 +89,13 @@ class Sequence:
 
 
 class Scheduler:
-    def __init__(self, target: TargetRunner, draft: DraftRunner, n_slots: int, capacity: int,
+    def __init__(self, target: TargetRunner, draft: DraftRunner | None, n_slots: int, capacity: int,
                  detokenize: Detokenize | None = None, max_prefill_batch: int = 8, device="cpu",
                  on_step: Callable[[StepStats], None] | None = None):
         self.target, self.draft, self.capacity = target, draft, capacity
         self.detokenize, self.max_prefill_batch, self.device = detokenize, max_prefill_batch, device
         self.on_step = on_step
-        self.block_size = draft.block_size
+        self.block_size = draft.block_size if draft is not None else 1  # no drafter: autoregressive
         self.free_slots = list(range(n_slots))
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}
@@ -213,8 +213,9 @@ class Scheduler:
             seq.slot = self.free_slots.pop(0)
         slots = torch.tensor([s.slot for s in seqs], device=self.device)
         first, taps, positions, lengths = self.target.prefill(slots, [s.request.prompt for s in seqs], self._sampling(seqs))
-        self.draft.append_context(slots, taps, positions, positions < lengths[:, None])
-        self.draft.commit(slots, lengths)
+        if self.draft is not None:
+            self.draft.append_context(slots, taps, positions, positions < lengths[:, None])
+            self.draft.commit(slots, lengths)
         now = time.perf_counter()
         self._admitting = []
         for seq, token, length in zip(seqs, first.tolist(), lengths.tolist()):
@@ -241,7 +242,10 @@ class Scheduler:
         bonus = torch.tensor([s.bonus for s in seqs], device=self.device)
         start = torch.tensor([s.start for s in seqs], device=self.device)
         t0 = time.perf_counter()
-        drafts = self.draft.propose(slots, bonus, start)  # [n, K]
+        if self.draft is not None:
+            drafts = self.draft.propose(slots, bonus, start)  # [n, K]
+        else:
+            drafts = torch.zeros(len(seqs), 0, dtype=torch.int64, device=self.device)  # K = 0: plain AR
         t1 = time.perf_counter()
         blocks = torch.cat([bonus[:, None], drafts], dim=1)
         tokens, accepted, taps = self.target.verify(slots, blocks, start, self._sampling(seqs))
@@ -249,9 +253,10 @@ class Scheduler:
         committed = accepted + 1
         new_start = start + committed
         self.target.commit(slots, new_start)
-        offsets = torch.arange(blocks.shape[1], device=self.device)[None, :]
-        self.draft.append_context(slots, taps, start[:, None] + offsets, offsets < committed[:, None])
-        self.draft.commit(slots, new_start)
+        if self.draft is not None:
+            offsets = torch.arange(blocks.shape[1], device=self.device)[None, :]
+            self.draft.append_context(slots, taps, start[:, None] + offsets, offsets < committed[:, None])
+            self.draft.commit(slots, new_start)
         kept_per_row = []
         for seq, row_tokens, a, s in zip(seqs, tokens.tolist(), accepted.tolist(), new_start.tolist()):
             seq.bonus, seq.start = row_tokens[a], s

@@ -22,18 +22,20 @@ from dflash_trt.spec.requests import GenerationResult, Request
 class ServiceLimits:
     max_batch_size: int = 8  # slots decoded together
     max_seq_len: int = 1024  # prompt + generated tokens per request
-    block_size: int | None = None  # default: the drafter's
+    block_size: int | None = None  # default: the drafter's; 1 = autoregressive (no drafter)
 
 
 class DFlashService:
     def __init__(self, pair: LoadedPair, limits: ServiceLimits = ServiceLimits(), on_step=None):
-        if pair.draft is None:
-            raise ValueError("a DFlash service needs a drafter")
         self.pair, self.limits = pair, limits
-        block_size = limits.block_size or pair.draft.config.block_size
+        block_size = limits.block_size or (pair.draft.config.block_size if pair.draft is not None else 1)
+        if block_size > 1 and pair.draft is None:
+            raise ValueError("block_size > 1 needs a drafter")
         capacity = limits.max_seq_len + block_size + 1
-        target = TorchTargetRunner(pair.target, limits.max_batch_size, capacity, pair.draft.config.target_layer_ids)
-        draft = TorchDraftRunner(pair.draft, pair.target, limits.max_batch_size, capacity, block_size)
+        taps = pair.draft.config.target_layer_ids if block_size > 1 else ()
+        target = TorchTargetRunner(pair.target, limits.max_batch_size, capacity, taps)
+        draft = TorchDraftRunner(pair.draft, pair.target, limits.max_batch_size, capacity, block_size) \
+            if block_size > 1 else None
         detokenize = pair.detokenize if pair.tokenizer is not None else None
         self.scheduler = Scheduler(target, draft, limits.max_batch_size, capacity, detokenize,
                                    device=target.device, on_step=on_step)

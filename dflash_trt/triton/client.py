@@ -90,7 +90,7 @@ def _absorb(result: ServedResult, get, stream: bool) -> None:
         result.mean_acceptance_length = float(np.asarray(get("mean_acceptance_length")).reshape(-1)[0])
 
 
-def grpc_generate(url: str, inputs: dict, on_text=None, timeout: float = 300.0) -> ServedResult:
+def grpc_generate(url: str, inputs: dict, on_text=None, timeout: float = 300.0, model: str = MODEL) -> ServedResult:
     """One request over a gRPC stream; `on_text(delta)` sees text as it arrives."""
     try:
         import tritonclient.grpc as grpcclient
@@ -101,7 +101,7 @@ def grpc_generate(url: str, inputs: dict, on_text=None, timeout: float = 300.0) 
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     result, t0 = ServedResult(), time.perf_counter()
     try:
-        client.async_stream_infer(MODEL, _grpc_inputs(grpcclient, inputs), request_id=uuid.uuid4().hex,
+        client.async_stream_infer(model, _grpc_inputs(grpcclient, inputs), request_id=uuid.uuid4().hex,
                                   enable_empty_final_response=True)
         while True:
             response, error = responses.get(timeout=timeout)
@@ -139,10 +139,10 @@ def _json_get(payload: dict):
         dtype=object if isinstance(payload[name], str) or name in ("text_output", "finish_reason") else None)
 
 
-def http_generate(url: str, inputs: dict, on_text=None, timeout: float = 300.0) -> ServedResult:
+def http_generate(url: str, inputs: dict, on_text=None, timeout: float = 300.0, model: str = MODEL) -> ServedResult:
     """KServe generate extension: `/generate` (one JSON) or `/generate_stream` (server-sent events)."""
     stream = bool(inputs.get("stream", False))
-    path = f"/v2/models/{MODEL}/generate" + ("_stream" if stream else "")
+    path = f"/v2/models/{model}/generate" + ("_stream" if stream else "")
     result, t0 = ServedResult(), time.perf_counter()
     with _post(url, path, inputs, timeout) as response:
         lines = response if stream else [b"data: " + response.read()]

@@ -24,8 +24,8 @@ TIME_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.
 class Metrics:
     """Prometheus metrics on Triton's metrics port (pb_utils.MetricFamily)."""
 
-    def __init__(self, pb, block_size: int):
-        fam, labels = pb.MetricFamily, {"model": "dflash"}
+    def __init__(self, pb, block_size: int, model: str):
+        fam, labels = pb.MetricFamily, {"model": model}
         # FOOTGUN: a MetricFamily garbage-collected before its Metric makes every observe() raise.
         self.families = {
             "acceptance": fam("dflash_acceptance_length", "Tokens committed per verify step", fam.HISTOGRAM),
@@ -112,12 +112,13 @@ class Orchestrator:
             raise pb.TritonModelException("the dflash model must be decoupled (model_transaction_policy)")
         manifest, pair = load_bundle(params["bundle_path"], device=params.get("device") or None)
         runtime = manifest["config"]["runtime"]
+        block_size = 1 if params.get("mode") == "autoregressive" else manifest["block_size"]
         self.limits = ServiceLimits(int(params.get("max_batch_size", runtime["max_batch_size"])),
-                                    int(params.get("max_seq_len", runtime["max_seq_len"])), manifest["block_size"])
+                                    int(params.get("max_seq_len", runtime["max_seq_len"])), block_size)
         self.pair = pair
         self.eos_ids = frozenset(pair.target.config.eos_token_ids) | (
             {pair.tokenizer.eos_token_id} if pair.tokenizer is not None and pair.tokenizer.eos_token_id is not None else set())
-        self.metrics = Metrics(pb, self.limits.block_size)
+        self.metrics = Metrics(pb, self.limits.block_size, config["name"])
         self.service = DFlashService(pair, self.limits, on_step=self.metrics.on_step)
 
     def execute(self, requests) -> None:

@@ -1,0 +1,107 @@
+"""Local benchmark (torch runtime, batch 1): DFlash vs autoregressive decoding, side by side.
+
+For every prompt and block size the same request is decoded both ways in one run, alternating,
+on the same runtime and machine; the report gives mean acceptance length τ, per-position
+acceptance, tokens/s of each, their ratio, and whether the tokens are identical.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from dflash_trt.spec.autoregressive import autoregressive_generate
+from dflash_trt.spec.decode import speculative_generate
+from dflash_trt.spec.requests import Request, StopCriteria
+from dflash_trt.spec.sampling import SamplingParams
+
+
+@dataclass
+class BlockResult:
+    block_size: int
+    prompts: int
+    generated_tokens: int
+    spec_seconds: float
+    ar_seconds: float
+    mean_acceptance_length: float
+    per_position_acceptance: list[float]
+    acceptance_histogram: dict[int, int]
+    identical: bool
+    acceptance_lengths: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def spec_tokens_per_s(self) -> float:
+        return self.generated_tokens / self.spec_seconds
+
+    @property
+    def ar_tokens_per_s(self) -> float:
+        return self.generated_tokens / self.ar_seconds
+
+    @property
+    def speedup(self) -> float:
+        return self.ar_seconds / self.spec_seconds
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("acceptance_lengths")
+        return d | {"spec_tokens_per_s": self.spec_tokens_per_s, "ar_tokens_per_s": self.ar_tokens_per_s,
+                    "speedup": self.speedup}
+
+
+def load_prompts(path: str | Path | None, tokenizer, limit: int | None) -> list[list[int]]:
+    """Prompts from a JSONL file (`token_ids` or `text` per line), default: the shipped held-out set."""
+    from dflash_trt.engine.golden import HELDOUT
+
+    path = Path(path) if path else HELDOUT
+    prompts = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        if "token_ids" in record:
+            prompts.append([int(t) for t in record["token_ids"]])
+        else:
+            prompts.append(tokenizer.encode(record["text"], add_special_tokens=False))
+    return prompts[:limit] if limit else prompts
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def bench_block_size(pair, prompts: list[list[int]], block_size: int, max_new_tokens: int,
+                     params: SamplingParams, stop_ids: frozenset[int], progress=None) -> BlockResult:
+    spec_s = ar_s = 0.0
+    tokens, identical, lengths, accepted = 0, True, [], []
+    for prompt in prompts:
+        request = Request(tuple(prompt), params, StopCriteria(max_new_tokens, stop_ids))
+        (spec,), t_spec = _timed(lambda: speculative_generate(pair.target, pair.draft, [request], block_size))
+        (ar,), t_ar = _timed(lambda: autoregressive_generate(pair.target, [request]))
+        spec_s, ar_s = spec_s + t_spec, ar_s + t_ar
+        identical &= spec.tokens == ar.tokens
+        tokens += len(spec.tokens)
+        lengths += spec.acceptance_lengths
+        accepted += spec.accepted_drafts
+        if progress is not None:
+            progress()
+    k = block_size - 1
+    return BlockResult(
+        block_size=block_size, prompts=len(prompts), generated_tokens=tokens, spec_seconds=spec_s, ar_seconds=ar_s,
+        mean_acceptance_length=sum(lengths) / len(lengths),
+        per_position_acceptance=[sum(a >= i for a in accepted) / len(accepted) for i in range(1, k + 1)],
+        acceptance_histogram={n: lengths.count(n) for n in range(1, block_size + 1)},
+        identical=identical, acceptance_lengths=lengths,
+    )
+
+
+def warm_up(pair, prompt: list[int], block_size: int) -> None:
+    request = Request(tuple(prompt), stop=StopCriteria(8))
+    speculative_generate(pair.target, pair.draft, [request], block_size)
+    autoregressive_generate(pair.target, [request])
