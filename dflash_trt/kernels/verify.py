@@ -1,0 +1,162 @@
+"""The one switch for verification: the CUDA kernel where it can run, the torch reference elsewhere.
+
+`verify_block` has the signature and results of `dflash_trt.spec.verify.verify_block`
+(tokens [B, K+1], accepted [B]); `verify_block_next` also returns the next block's ids
+[B, K+1] = [bonus token t_a, mask_token_id x K]. Which body runs:
+
+- ``reference``: the torch reference in `dflash_trt.spec` (any device).
+- ``kernel``: the CUDA op ``torch.ops.dflash_verify.verify_block`` (CUDA tensors; built by
+  scripts/gpu_check.sh or ``python -m dflash_trt.kernels.build_op``); an error if unavailable.
+- ``twin``: the kernels' C++ row code compiled for the host (CPU tensors; tests and debugging).
+- ``auto`` (default): ``kernel`` for CUDA tensors when the op loads, else ``reference``.
+
+Choose with ``DFLASH_TRT_VERIFY_IMPL=reference|kernel|twin|auto`` or, in tests, the module-level
+``impl_override`` (or the `use_impl` context manager), which wins over the env var. The op
+library is looked for at ``$DFLASH_TRT_VERIFY_LIB``, then in plugins/dflash_verify/build.
+All implementations give the same tokens bit for bit (docs/verify-plugin.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from pathlib import Path
+
+import torch
+
+from dflash_trt.errors import ConfigError, MissingDependencyError
+from dflash_trt.spec import verify as reference
+
+IMPLS = ("auto", "reference", "kernel", "twin")
+ENV_IMPL = "DFLASH_TRT_VERIFY_IMPL"
+ENV_LIB = "DFLASH_TRT_VERIFY_LIB"
+BUILD_DIR = Path(__file__).resolve().parents[2] / "plugins" / "dflash_verify" / "build"
+LIBRARY_CANDIDATES = (BUILD_DIR / "libdflash_verify_torch.so", BUILD_DIR / "torch_ext" / "dflash_verify_torch.so")
+
+impl_override: str | None = None  # tests: set to one of IMPLS (wins over DFLASH_TRT_VERIFY_IMPL)
+_load_error: str | None = None
+
+
+def selected_impl() -> str:
+    """The requested implementation: `impl_override`, else $DFLASH_TRT_VERIFY_IMPL, else 'auto'."""
+    name = impl_override or os.environ.get(ENV_IMPL) or "auto"
+    if name not in IMPLS:
+        raise ConfigError(f"{ENV_IMPL}={name!r} is not one of {', '.join(IMPLS)}")
+    return name
+
+
+@contextlib.contextmanager
+def use_impl(name: str):
+    """Temporarily force an implementation (tests)."""
+    global impl_override
+    previous, impl_override = impl_override, name
+    try:
+        selected_impl()
+        yield
+    finally:
+        impl_override = previous
+
+
+def _op_registered():
+    try:
+        return torch.ops.dflash_verify.verify_block
+    except (AttributeError, RuntimeError):
+        return None
+
+
+@functools.cache
+def load_op():
+    """The CUDA op if it is registered or its library loads, else None (reason in kernel_status)."""
+    global _load_error
+    op = _op_registered()
+    if op is not None:
+        return op
+    env = os.environ.get(ENV_LIB)
+    paths = [Path(env)] if env else [p for p in LIBRARY_CANDIDATES if p.exists()]
+    if not paths:
+        _load_error = ("no torch op library; on a CUDA machine run scripts/gpu_check.sh or "
+                       "`python -m dflash_trt.kernels.build_op`, or set " + ENV_LIB)
+        return None
+    try:
+        torch.ops.load_library(str(paths[0]))
+    except (OSError, RuntimeError) as exc:
+        _load_error = f"loading {paths[0]} failed: {exc}"
+        return None
+    op = _op_registered()
+    if op is None:
+        _load_error = f"{paths[0]} did not register torch.ops.dflash_verify.verify_block"
+    return op
+
+
+def kernel_available() -> bool:
+    """True when CUDA is usable and the verify op is loaded (never touches CUDA otherwise)."""
+    return torch.cuda.is_available() and load_op() is not None
+
+
+def kernel_status() -> str:
+    """One line saying whether the kernel can run, and if not, why."""
+    if not torch.cuda.is_available():
+        return f"CUDA is not available (torch {torch.__version__})"
+    if load_op() is None:
+        return _load_error or "torch op not loaded"
+    return "kernel available: torch.ops.dflash_verify.verify_block"
+
+
+def resolve_impl(logits: torch.Tensor) -> str:
+    """The implementation that will run for these logits ('reference', 'kernel' or 'twin')."""
+    name = selected_impl()
+    if name == "auto":
+        return "kernel" if logits.is_cuda and kernel_available() else "reference"
+    if name == "kernel" and not (logits.is_cuda and kernel_available()):
+        where = "CPU tensors" if not logits.is_cuda else kernel_status()
+        raise MissingDependencyError(f"{ENV_IMPL}=kernel but the CUDA verify kernel cannot run: {where}")
+    if name == "twin" and logits.is_cuda:
+        raise ConfigError(f"{ENV_IMPL}=twin runs on CPU tensors; got logits on {logits.device}")
+    return name
+
+
+def next_block_ids(tokens: torch.Tensor, accepted: torch.Tensor, mask_token_id: int) -> torch.Tensor:
+    """[B, K+1] = [t_a, mask_token_id x K]: the bonus token t_a opens the next draft block."""
+    out = torch.full_like(tokens, mask_token_id)
+    out[:, 0] = tokens.gather(1, accepted[:, None].to(torch.int64))[:, 0]
+    return out
+
+
+def verify_block_next(
+    logits: torch.Tensor,  # [B, K+1, V] target logits over [bonus, d_1 .. d_K]
+    drafts: torch.Tensor,  # [B, K] int64
+    start: torch.Tensor,  # [B] int64: absolute position of the bonus token (block slot 0)
+    temperature: torch.Tensor,  # [B] fp32
+    top_k: torch.Tensor,  # [B] int64
+    top_p: torch.Tensor,  # [B] fp32
+    seed: torch.Tensor,  # [B] int64
+    mask_token_id: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tokens [B, K+1], accepted [B] and next_block_ids [B, K+1], from the selected implementation."""
+    impl = resolve_impl(logits)
+    if impl == "kernel":
+        args = (logits, drafts, start, temperature, top_k, top_p, seed)
+        return load_op()(*(a.contiguous() for a in args), mask_token_id)
+    if impl == "twin":
+        from dflash_trt.kernels import twin
+
+        return twin.verify_block_next(logits, drafts, start, temperature, top_k, top_p, seed, mask_token_id)
+    tokens, accepted = reference.verify_block(logits, drafts, start, temperature, top_k, top_p, seed)
+    return tokens, accepted, next_block_ids(tokens, accepted, mask_token_id)
+
+
+def verify_block(
+    logits: torch.Tensor,  # [B, K+1, V]
+    drafts: torch.Tensor,  # [B, K] int64
+    start: torch.Tensor,  # [B] int64
+    temperature: torch.Tensor,  # [B] fp32
+    top_k: torch.Tensor,  # [B] int64
+    top_p: torch.Tensor,  # [B] fp32
+    seed: torch.Tensor,  # [B] int64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop-in for `dflash_trt.spec.verify.verify_block`: tokens [B, K+1] and accepted [B]."""
+    if resolve_impl(logits) == "reference":  # skip the next-block work the caller does not need
+        return reference.verify_block(logits, drafts, start, temperature, top_k, top_p, seed)
+    tokens, accepted, _ = verify_block_next(logits, drafts, start, temperature, top_k, top_p, seed)
+    return tokens, accepted

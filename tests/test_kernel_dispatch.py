@@ -1,0 +1,159 @@
+"""The verify switch (dflash_trt.kernels.verify): which body runs, overrides, and its errors."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dflash_trt.errors import ConfigError, MissingDependencyError
+from dflash_trt.kernels import verify as dispatch
+from dflash_trt.spec import verify as reference
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _twin_cache(tmp_path_factory):
+    os.environ.setdefault("DFLASH_TRT_CACHE_DIR", str(tmp_path_factory.mktemp("dflash_cache")))
+
+
+@pytest.fixture(autouse=True)
+def clean_switch(monkeypatch):
+    """No override, no env var and a fresh op cache for every test."""
+    monkeypatch.delenv(dispatch.ENV_IMPL, raising=False)
+    monkeypatch.delenv(dispatch.ENV_LIB, raising=False)
+    monkeypatch.setattr(dispatch, "impl_override", None)
+    load_op = dispatch.load_op  # tests may monkeypatch it; clear the real cache either way
+    load_op.cache_clear()
+    yield
+    load_op.cache_clear()
+
+
+def block(b=3, k=4, vocab=50, seed=0, temperature=0.8):
+    """A small verify call: logits [B, K+1, V], drafts [B, K] and the per-request tensors [B]."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(b, k + 1, vocab, generator=g)
+    drafts = logits[:, :k].argmax(-1)
+    drafts[0, 1] = (drafts[0, 1] + 1) % vocab  # row 0 rejects at slot 1
+    return (logits, drafts, torch.arange(b, dtype=torch.int64) * 100, torch.full((b,), temperature),
+            torch.full((b,), 10, dtype=torch.int64), torch.full((b,), 0.9), torch.arange(b, dtype=torch.int64) - 2)
+
+
+def test_verify_block_is_a_drop_in_for_the_reference():
+    assert inspect.signature(dispatch.verify_block).parameters.keys() == \
+        inspect.signature(reference.verify_block).parameters.keys()
+
+
+def test_default_is_auto_and_cpu_tensors_run_the_reference():
+    args = block()
+    assert dispatch.selected_impl() == "auto"
+    assert dispatch.resolve_impl(args[0]) == "reference"
+    for got, want in zip(dispatch.verify_block(*args), reference.verify_block(*args)):
+        assert torch.equal(got, want)
+
+
+def test_env_var_selects_and_is_validated(monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_IMPL, "reference")
+    assert dispatch.selected_impl() == "reference"
+    monkeypatch.setenv(dispatch.ENV_IMPL, "fastest")
+    with pytest.raises(ConfigError, match="reference, kernel, twin"):
+        dispatch.selected_impl()
+
+
+def test_module_override_wins_over_the_env_var_and_use_impl_restores(monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_IMPL, "kernel")
+    with dispatch.use_impl("reference"):
+        assert dispatch.selected_impl() == "reference"
+    assert dispatch.impl_override is None and dispatch.selected_impl() == "kernel"
+    dispatch.impl_override = "twin"
+    assert dispatch.selected_impl() == "twin"
+
+
+def test_forcing_the_kernel_without_cuda_says_what_to_do():
+    with dispatch.use_impl("kernel"), pytest.raises(MissingDependencyError, match="kernel cannot run"):
+        dispatch.verify_block(*block())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answers")
+def test_kernel_is_unavailable_on_a_cpu_build_and_says_why():
+    assert not dispatch.kernel_available()
+    assert "CUDA is not available" in dispatch.kernel_status()
+
+
+def test_a_missing_or_broken_op_library_is_reported_not_raised(monkeypatch, tmp_path):
+    monkeypatch.setenv(dispatch.ENV_LIB, str(tmp_path / "missing.so"))
+    assert dispatch.load_op() is None
+    dispatch.load_op.cache_clear()
+    broken = tmp_path / "broken.so"
+    broken.write_bytes(b"not an ELF file")
+    monkeypatch.setenv(dispatch.ENV_LIB, str(broken))
+    assert dispatch.load_op() is None
+    assert str(broken) in dispatch._load_error
+
+
+def test_twin_through_the_switch_matches_the_reference_with_next_block():
+    args = block(b=4, k=5, temperature=0.7)
+    with dispatch.use_impl("twin"):
+        tokens, accepted, next_ids = dispatch.verify_block_next(*args, mask_token_id=77)
+    want_tokens, want_accepted = reference.verify_block(*args)
+    assert torch.equal(tokens, want_tokens) and torch.equal(accepted, want_accepted)
+    assert accepted[0] == 1 and next_ids[0, 0] == tokens[0, 1]
+    assert torch.equal(next_ids, dispatch.next_block_ids(want_tokens, want_accepted, 77))
+
+
+def test_reference_path_returns_the_next_block_too():
+    args = block()
+    tokens, accepted, next_ids = dispatch.verify_block_next(*args, mask_token_id=9)
+    assert next_ids.shape == tokens.shape and (next_ids[:, 1:] == 9).all()
+    assert torch.equal(next_ids[:, 0], tokens.gather(1, accepted[:, None])[:, 0])
+
+
+def test_kernel_branch_passes_contiguous_arguments_in_schema_order(monkeypatch):
+    """The CUDA branch, with the op replaced by the CPU twin (no GPU needed)."""
+    from dflash_trt.kernels import twin
+
+    seen = {}
+
+    def fake_op(logits, drafts, start, temperature, top_k, top_p, seed, mask_token_id):
+        seen["contiguous"] = all(t.is_contiguous() for t in (logits, drafts, start, temperature, top_k, top_p, seed))
+        return twin.verify_block_next(logits, drafts, start, temperature, top_k, top_p, seed, mask_token_id)
+
+    monkeypatch.setattr(dispatch, "resolve_impl", lambda logits: "kernel")
+    monkeypatch.setattr(dispatch, "load_op", lambda: fake_op)
+    logits, drafts, *rest = block(b=2, k=3)
+    strided = logits.transpose(0, 1).contiguous().transpose(0, 1)  # same values, not contiguous
+    tokens, accepted = dispatch.verify_block(strided, drafts, *rest)
+    assert seen["contiguous"]
+    want = reference.verify_block(logits, drafts, *rest)
+    assert torch.equal(tokens, want[0]) and torch.equal(accepted, want[1])
+
+
+def test_twin_refuses_cuda_tensors(monkeypatch):
+    class FakeCuda:
+        is_cuda = True
+        device = "cuda:0"
+
+    with dispatch.use_impl("twin"), pytest.raises(ConfigError, match="CPU tensors"):
+        dispatch.resolve_impl(FakeCuda())
+
+
+def test_importing_the_package_compiles_and_loads_nothing():
+    code = ("import sys, dflash_trt.kernels as k; "
+            "print('dflash_trt.kernels.twin' in sys.modules, k.verify.load_op.cache_info().currsize)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "0"]
+
+
+@pytest.mark.gpu
+def test_auto_uses_the_kernel_on_cuda_and_matches_the_reference():
+    if not dispatch.kernel_available():
+        pytest.skip(f"verify kernel not available: {dispatch.kernel_status()}")
+    args = [a.cuda() for a in block(b=8, k=15, vocab=32000)]
+    assert dispatch.resolve_impl(args[0]) == "kernel"
+    got = dispatch.verify_block(*args)
+    with dispatch.use_impl("reference"):
+        want = dispatch.verify_block(*args)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

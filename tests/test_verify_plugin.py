@@ -1,0 +1,331 @@
+"""The verification plugin against the torch reference: CPU twin, nvcc build, CUDA kernel.
+
+The CPU twin runs the kernels' own row code (plugins/dflash_verify/include/dflash_verify/
+row_select.h) on the host, so twin == reference on CPU checks the kernel logic here; the `gpu`
+tests check kernel == reference (and kernel == twin) on a CUDA machine. Token choices must agree
+bit for bit. The one legitimate source of disagreement is a top-p boundary: the reference sums
+softmax probabilities in fp32 (torch's exp and cumsum), the kernel sums fixed-point masses, so a
+random top_p within ~1e-7 of a cumulative mass could split them; the random cases below never hit
+one, and exact-mass cases (uniform tie groups) are checked separately.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_trt.kernels import twin
+from dflash_trt.kernels import verify as dispatch
+from dflash_trt.spec.sampling import gumbel, log_f32, sample_tokens, seed_as_int64, survivors
+from dflash_trt.spec.verify import verify_block
+
+PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "dflash_verify"
+ARCHS = ("90a", "100a", "120a")
+NVCC_FLAGS = ["-std=c++17", "-O3", "-c", "--threads", "0", "-Werror", "all-warnings",
+              "-Xcompiler", "-Wall,-Wextra,-Werror", f"-I{PLUGIN / 'include'}"]
+NEG_INF, NAN = float("-inf"), float("nan")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _twin_cache(tmp_path_factory):
+    """Build the twin once per session into a temp cache (rebuilt whenever its sources change)."""
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("no C++ compiler for the CPU twin")
+    os.environ.setdefault("DFLASH_TRT_CACHE_DIR", str(tmp_path_factory.mktemp("dflash_cache")))
+    twin.library()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Small tensors: intra-op threads only add overhead, and stall badly on shared cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def nvcc_job(tmp_path_factory):
+    """Start the three-arch nvcc compile in the background; the compile test waits for it."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS]
+    out = tmp_path_factory.mktemp("nvcc") / "verify_kernels.o"
+    cmd = [nvcc, *NVCC_FLAGS, *gencode, str(PLUGIN / "src" / "verify_kernels.cu"), "-o", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), out
+
+
+@pytest.fixture(autouse=True)
+def _start_nvcc_early(nvcc_job):
+    """Requesting nvcc_job from every test starts the compile alongside the first one."""
+
+
+def params(n, temperature=1.0, top_k=0, top_p=1.0, seed=7, position=0):
+    full = lambda v, dt: torch.full((n,), v, dtype=dt)  # noqa: E731
+    return (full(position, torch.int64), full(temperature, torch.float32), full(top_k, torch.int64),
+            full(top_p, torch.float32), full(seed_as_int64(seed), torch.int64))
+
+
+def assert_same_tokens(logits, positions, temperature, top_k, top_p, seed):
+    want = sample_tokens(logits, positions, temperature, top_k, top_p, seed)
+    got = twin.sample_tokens(logits, positions, temperature, top_k, top_p, seed)
+    bad = (want != got).nonzero().flatten().tolist()
+    assert not bad, [(i, float(temperature[i]), int(top_k[i]), float(top_p[i]), int(want[i]), int(got[i]))
+                     for i in bad[:5]]
+
+
+def random_rows(g: torch.Generator, n: int, vocab: int):
+    """n rows of logits [n, V] mixing scales, ties, -inf, NaN, dtypes, and random params."""
+    scale = float(torch.rand(1, generator=g)) * 8 + 0.1
+    logits = torch.randn(n, vocab, generator=g) * scale
+    kind = int(torch.randint(0, 4, (1,), generator=g))
+    if kind == 1:
+        logits = logits.round()  # many ties
+    elif kind == 2:
+        logits[torch.rand(n, vocab, generator=g) < 0.05] = NEG_INF
+    elif kind == 3:
+        logits[torch.rand(n, vocab, generator=g) < 0.05] = NAN
+    logits = logits.to((torch.float32, torch.float16, torch.bfloat16)[int(torch.randint(0, 3, (1,), generator=g))])
+    coin = lambda p: torch.rand(n, generator=g) < p  # noqa: E731
+    temperature = torch.where(coin(0.2), 0.0, torch.rand(n, generator=g) * 2 + 0.05)
+    top_k = torch.where(coin(0.5), 0, torch.randint(1, vocab + 3, (n,), generator=g))
+    top_p = torch.where(coin(0.5), 1.0, torch.rand(n, generator=g) * 0.98 + 0.01).float()
+    seed = torch.randint(-2**63, 2**63 - 1, (n,), generator=g)  # half of them are seeds >= 2**63
+    positions = torch.randint(0, 2**40, (n,), generator=g)
+    return logits, positions, temperature, top_k, top_p, seed
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalar pieces, bit for bit
+# ---------------------------------------------------------------------------------------------
+
+def test_twin_log_f32_matches_reference_bits():
+    g = torch.Generator().manual_seed(0)
+    bits = torch.randint(0x00800000, 0x7F7FFFFF, (400_000,), generator=g, dtype=torch.int64).to(torch.int32)
+    special = torch.tensor([0.70710677, 0.70710683, 1.0, 0.5, 2.0, 1 - 2**-24, 2**-24, 3e38])
+    x = torch.cat([bits.view(torch.float32), special])
+    assert torch.equal(twin.log_f32(x).view(torch.int32), log_f32(x).view(torch.int32))
+
+
+def test_twin_gumbel_matches_reference_bits_for_any_seed_and_position():
+    g = torch.Generator().manual_seed(1)
+    n = 400_000
+    seed = torch.randint(-2**63, 2**63 - 1, (n,), generator=g)
+    position = torch.randint(0, 2**62, (n,), generator=g)  # only the low 32 bits enter the hash
+    vocab = torch.randint(0, 2**20, (n,), generator=g)
+    assert torch.equal(twin.gumbel(seed, position, vocab).view(torch.int32),
+                       gumbel(seed, position, vocab).view(torch.int32))
+
+
+def test_exp_neg_is_exact_at_zero_and_within_two_ulp():
+    x = -torch.rand(200_000, generator=torch.Generator().manual_seed(2)) * 87
+    rel = (twin.exp_neg(x).double() / x.double().exp() - 1).abs().max()
+    assert rel < 2 * 2**-24
+    edges = twin.exp_neg(torch.tensor([0.0, -0.0, -104.0, NEG_INF, -1e30])).tolist()
+    assert edges == [1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The sampling rule: >= 10,000 random rows, then adversarial ones
+# ---------------------------------------------------------------------------------------------
+
+def test_twin_matches_reference_on_10k_random_rows():
+    g = torch.Generator().manual_seed(3)
+    rows = 0
+    while rows < 10_240:
+        vocab = int(torch.randint(1, 700, (1,), generator=g))
+        case = random_rows(g, 256, vocab)
+        assert_same_tokens(*case)
+        logits, _, temperature, top_k, top_p, _ = case
+        s = temperature > 0
+        want = survivors(logits[s].float().nan_to_num(nan=NEG_INF, posinf=float("inf")) / temperature[s, None],
+                         top_k[s], top_p[s])
+        assert torch.equal(twin.keep_mask(logits[s].float(), temperature[s], top_k[s], top_p[s]), want)
+        rows += 256
+
+
+@pytest.mark.parametrize("vocab", [1, 2, 3, 4, 5, 511, 513, 1025, 4099])
+def test_vocab_not_a_multiple_of_the_block_or_vector_width(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    logits, positions, _, _, _, seed = random_rows(g, 64, vocab)
+    for temperature, top_k, top_p in [(0.0, 0, 1.0), (0.9, 0, 1.0), (0.9, 3, 0.7)]:
+        _, t, k, p, _ = params(64, temperature, top_k, top_p)
+        assert_same_tokens(logits, positions, t, k, p, seed)
+
+
+def test_greedy_ties_take_the_lowest_id_and_ignore_top_k_top_p():
+    logits = torch.tensor([[1.0, 5.0, 5.0, 2.0], [3.0, 3.0, 3.0, 3.0], [0.0, 0.0, 9.0, 9.0]])
+    for top_k, top_p in [(0, 1.0), (1, 0.1), (3, 0.5)]:
+        p = params(3, temperature=0.0, top_k=top_k, top_p=top_p)
+        assert twin.sample_tokens(logits, *p).tolist() == [1, 0, 2]
+        assert_same_tokens(logits, *p)
+
+
+def test_nan_and_inf_rows_follow_the_reference():
+    rows = torch.tensor([
+        [NAN, NAN, NAN, NAN],            # all NaN -> token 0
+        [NAN, NEG_INF, NAN, NEG_INF],    # reference: -inf -> -FLT_MAX ranks above NaN -> token 1
+        [NEG_INF, NEG_INF, NEG_INF, NEG_INF],
+        [NEG_INF, 2.0, NAN, 2.0],
+        [NAN, NEG_INF, 0.5, NEG_INF],
+    ])
+    for temperature in (0.0, 0.5, 1.0, 2.0):
+        for top_k, top_p in [(0, 1.0), (1, 1.0), (3, 1.0), (0, 0.5), (2, 0.3)]:
+            for seed in (0, 2**63 + 5, 2**64 - 1):
+                assert_same_tokens(rows, *params(len(rows), temperature, top_k, top_p, seed))
+    assert twin.sample_tokens(rows[:2], *params(2, temperature=0.0)).tolist() == [0, 1]
+
+
+def test_top_k_edges():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(32, 50, generator=g).round()  # ties at the k-th value
+    for top_k in (-3, 1, 2, 7, 49, 50, 51, 10**9):
+        for temperature in (0.3, 1.0, 3.0):
+            assert_same_tokens(logits, *params(32, temperature, top_k, 1.0, seed=top_k % 97))
+    tied = torch.zeros(4, 16)
+    keep = twin.keep_mask(tied, torch.ones(4), torch.full((4,), 1), torch.ones(4))
+    assert keep.all()  # ties at the edge stay
+
+
+def test_top_p_edges_with_exact_masses():
+    # Uniform tie groups give exact probabilities (1/4 each; the -200 group underflows to 0).
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0] + [-200.0] * 12] * 6)
+    for top_p in (1e-9, 0.25, 0.5, 0.75, 0.9999999, 1.0):
+        p = params(6, 1.0, 0, top_p, seed=11)
+        assert_same_tokens(logits, *p)
+        keep = twin.keep_mask(logits, p[1], p[2], p[3])
+        assert keep[:, :4].all() and (top_p == 1.0 or not keep[:, 4:].any())
+    # Two groups: {0.5, 0.5} x 2**-k spread; top_p at and around the first group's mass.
+    two = torch.tensor([[1.0, 1.0, 0.0, 0.0, 0.0, 0.0]]).log().nan_to_num(neginf=-300.0).expand(8, -1)
+    for top_p in (0.4, 0.5, 0.5000001, 0.9, 1.0):
+        assert_same_tokens(two.contiguous(), *params(8, 1.0, 0, top_p))
+
+
+def test_top_p_at_or_below_zero_keeps_nothing_like_the_reference():
+    logits = torch.randn(4, 10, generator=torch.Generator().manual_seed(5))
+    for top_p in (0.0, -1.0):
+        p = params(4, 1.0, 0, top_p)
+        assert_same_tokens(logits, *p)
+        assert twin.sample_tokens(logits, *p).tolist() == [0, 0, 0, 0]
+
+
+def test_extreme_scores_disable_the_gumbel_prefilter_safely():
+    g = torch.Generator().manual_seed(6)
+    for scale, temperature in [(1e3, 1e-3), (3e7, 1.0), (1e-6, 50.0), (1.0, 1e-30)]:
+        logits = torch.randn(16, 300, generator=g) * scale
+        for top_k, top_p in [(0, 1.0), (5, 1.0), (0, 0.8)]:
+            assert_same_tokens(logits, *params(16, temperature, top_k, top_p, seed=123))
+
+
+def test_signed_zeros_and_subnormals():
+    logits = torch.tensor([[-0.0, 0.0, -0.0, 1e-45], [0.0, -0.0, -1e-45, -0.0]]).repeat(8, 1)
+    for temperature, top_k in [(0.0, 0), (1.0, 0), (1.0, 2), (1e-3, 1)]:
+        positions, t, k, p, s = params(16, temperature, top_k)
+        assert_same_tokens(logits, torch.arange(16), t, k, p, s)
+
+
+# ---------------------------------------------------------------------------------------------
+# verify_block: tokens, acceptance, next block
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", [0, 1, 3, 15])
+def test_twin_verify_block_matches_reference(k):
+    g = torch.Generator().manual_seed(100 + k)
+    b, vocab = 48, 97
+    logits, _, temperature, top_k, top_p, seed = random_rows(g, b * (k + 1), vocab)
+    logits = logits.view(b, k + 1, vocab)
+    per_row = lambda t: t.view(b, k + 1)[:, 0].contiguous()  # noqa: E731
+    temperature, top_k, top_p, seed = map(per_row, (temperature, top_k, top_p, seed))
+    start = torch.randint(0, 2**33, (b,), generator=g)
+    tokens, _ = verify_block(logits, torch.zeros(b, k, dtype=torch.int64), start, temperature, top_k, top_p, seed)
+    drafts = tokens[:, :k].clone()  # corrupt one slot per row: every acceptance length appears
+    cut = torch.randint(0, k + 1, (b,), generator=g)
+    rows = (cut < k).nonzero().flatten()
+    drafts[rows, cut[rows]] = (drafts[rows, cut[rows]] + 1) % vocab
+    want_tokens, want_accepted = verify_block(logits, drafts, start, temperature, top_k, top_p, seed)
+    for draft_dtype in (torch.int64, torch.int32):
+        got = twin.verify_block_next(logits, drafts.to(draft_dtype), start, temperature, top_k, top_p, seed, 999)
+        assert torch.equal(got[0], want_tokens) and torch.equal(got[1], want_accepted)
+        assert torch.equal(got[1], cut)
+        assert torch.equal(got[2], dispatch.next_block_ids(want_tokens, want_accepted, 999))
+        assert (got[2][:, 1:] == 999).all()
+
+
+def test_twin_rejects_bad_shapes():
+    start, temperature, top_k, top_p, seed = params(2)
+    with pytest.raises(AssertionError, match="drafts must be"):  # drafts [2, 3] for K = 2
+        twin.verify_block_next(torch.zeros(2, 3, 5), torch.zeros(2, 3, dtype=torch.int64), start, temperature,
+                               top_k, top_p, seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# nvcc: the kernels compile for sm_90a, sm_100a and sm_120a with warnings as errors
+# ---------------------------------------------------------------------------------------------
+
+def test_kernels_compile_for_hopper_and_blackwell_without_warnings(nvcc_job):
+    if nvcc_job is None:
+        pytest.skip("nvcc not on PATH")
+    proc, out = nvcc_job
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    assert "warning" not in output.lower(), output
+    assert out.stat().st_size > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the CUDA kernel itself (skipped without CUDA and a built torch op)
+# ---------------------------------------------------------------------------------------------
+
+def _need_kernel():
+    if not dispatch.kernel_available():
+        pytest.skip(f"verify kernel not available: {dispatch.kernel_status()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [1, 7, 1000, 32003, 151936])
+def test_kernel_matches_reference_and_twin(vocab):
+    _need_kernel()
+    g = torch.Generator().manual_seed(vocab)
+    b, k = 16, 15
+    logits, _, temperature, top_k, top_p, seed = random_rows(g, b * (k + 1), vocab)
+    logits = logits.view(b, k + 1, vocab)
+    per_row = lambda t: t.view(b, k + 1)[:, 0].contiguous()  # noqa: E731
+    args = [logits, torch.randint(0, vocab, (b, k), generator=g), torch.randint(0, 2**40, (b,), generator=g),
+            *map(per_row, (temperature, top_k, top_p, seed))]
+    cuda = [a.cuda() for a in args]
+    tokens, accepted, next_ids = dispatch.load_op()(*cuda, 5)
+    want = verify_block(*args)
+    assert torch.equal(tokens.cpu(), want[0]) and torch.equal(accepted.cpu(), want[1])
+    assert torch.equal(tokens.cpu(), twin.verify_block(*args)[0])  # bit-identical on top-p boundaries too
+    assert torch.equal(next_ids.cpu(), dispatch.next_block_ids(want[0], want[1], 5))
+
+
+@pytest.mark.gpu
+def test_kernel_adversarial_rows_match_reference():
+    _need_kernel()
+    rows = torch.tensor([[NAN] * 6, [NAN, NEG_INF, NAN, NEG_INF, 1.0, 1.0], [NEG_INF] * 6, [0.0] * 6])
+    for temperature, top_k, top_p in [(0.0, 0, 1.0), (0.5, 0, 1.0), (2.0, 2, 1.0), (1.0, 0, 0.3), (1.0, 0, 0.0)]:
+        args = [rows[:, None, :].contiguous(), torch.zeros(4, 0, dtype=torch.int64), *params(4, temperature, top_k,
+                top_p, seed=2**64 - 3)]
+        got = dispatch.load_op()(*[a.cuda() for a in args], 0)[0].cpu()
+        assert torch.equal(got, verify_block(*args)[0])
+
+
+@pytest.mark.gpu
+def test_kernel_is_capturable_in_a_cuda_graph():
+    _need_kernel()
+    args = [a.cuda() for a in (torch.randn(2, 4, 1000), torch.zeros(2, 3, dtype=torch.int64), *params(2, 0.7, 20, 0.9))]
+    op = dispatch.load_op()
+    eager = op(*args, 1)[0]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = op(*args, 1)[0]
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
