@@ -2,34 +2,38 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from dflash_trt.cli_types import INT_LIST
 
 
 @click.command("bench", short_help="Benchmark DFlash against autoregressive decoding (local or served).")
-@click.option("--target", default="builtin:tiny-qwen3", show_default=True)
-@click.option("--draft", default="builtin:tiny-qwen3-dflash", show_default=True)
+@click.option("--url", help="Benchmark a served repository (gRPC host:port) instead of the local runtime.")
+@click.option("--target", default="builtin:tiny-qwen3", show_default=True, help="Local mode: HF target.")
+@click.option("--draft", default="builtin:tiny-qwen3-dflash", show_default=True, help="Local mode: drafter.")
 @click.option("--prompts", "prompts_path", type=click.Path(exists=True, dir_okay=False),
               help="JSONL with token_ids or text per line (default: the shipped held-out prompts).")
 @click.option("--num-prompts", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--block-sizes", type=INT_LIST, default="8,16", show_default=True)
+@click.option("--block-sizes", type=INT_LIST, default="8,16", show_default=True, help="Local mode.")
+@click.option("--concurrency", type=INT_LIST, default="1,2,4,8", show_default=True, help="Served mode sweep.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--json-out", type=click.Path(dir_okay=False), help="Write the results as JSON here.")
-def bench_command(target, draft, prompts_path, num_prompts, block_sizes, max_new_tokens, temperature, seed,
-                  device, json_out):
-    """Batch-1 decoding of the same prompts both ways, alternating, on one runtime: τ, tokens/s, speed-up."""
-    from dflash_trt.bench.report import print_local
-    from dflash_trt.bench.runner import run_local
+@click.option("--device", default="cpu", show_default=True, help="Local mode.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
+              help="Folder for results.json and the PNG plots.")
+def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, concurrency, max_new_tokens,
+                  temperature, seed, device, out_dir):
+    """Same prompts, both ways, in one run: τ, per-position acceptance, tokens/s, TTFT/TPOT, speed-up.
 
-    results = run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tokens, temperature,
-                        seed, device)
-    print_local(results)
-    if json_out:
-        with open(json_out, "w") as f:
-            json.dump({"mode": "local", "results": [r.to_dict() for r in results]}, f, indent=2)
+    Local: batch-1 decoding on the torch runtime for each block size. Served (--url): a concurrency
+    sweep against the `dflash` and `dflash_ar` models of one server; writes a Pareto plot.
+    """
+    from dflash_trt.bench import runner
+
+    sampling = {"temperature": temperature, "seed": seed}
+    if url:
+        runner.run_served(url, prompts_path, num_prompts, concurrency, max_new_tokens, sampling, out_dir)
+    else:
+        runner.run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tokens, sampling, device,
+                         out_dir)

@@ -22,3 +22,10 @@ def loaded_tiny_pair(tiny_pair):
     from dflash_trt.runtime.local import load_pair
 
     return load_pair(tiny_pair[0], tiny_pair[1], dtype="fp32", device="cpu")
+
+
+def pytest_configure(config):
+    import torch
+
+    # Many small ops: one intra-op thread avoids OpenMP oversubscription on the 2-core CI machine.
+    torch.set_num_threads(1)

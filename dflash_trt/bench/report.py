@@ -5,6 +5,12 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+_console = Console(width=160)
+
+
+def say(message: str) -> None:
+    _console.print(message)
+
 
 def print_local(results) -> None:
     table = Table(title="DFlash vs autoregressive (local torch runtime, batch 1, same prompts, one run)")
@@ -12,8 +18,27 @@ def print_local(results) -> None:
                    "acceptance by draft position"):
         table.add_column(column, justify="right")
     for r in results:
+        rates = " ".join(f"{p:.2f}" for p in r.per_position_acceptance[:8]) + (" …" if r.block_size > 9 else "")
         table.add_row(str(r.block_size), str(r.prompts), str(r.generated_tokens), f"{r.mean_acceptance_length:.2f}",
                       f"{r.spec_tokens_per_s:.1f}", f"{r.ar_tokens_per_s:.1f}", f"{r.speedup:.2f}x",
-                      "yes" if r.identical else "NO",
-                      " ".join(f"{p:.2f}" for p in r.per_position_acceptance[:8]) + (" …" if r.block_size > 9 else ""))
-    Console().print(table)
+                      "yes" if r.identical else "NO", rates)
+    _console.print(table)
+
+
+def print_served(points, ratios: dict[int, float]) -> None:
+    table = Table(title="served: DFlash (dflash) vs autoregressive (dflash_ar), gRPC streaming, one run")
+    for column in ("model", "concurrency", "requests", "output tok/s", "per-user tok/s", "TTFT ms", "TTFT p90 ms",
+                   "TPOT ms", "τ"):
+        table.add_column(column, justify="right")
+    for p in points:
+        table.add_row(p.model, str(p.concurrency), str(p.requests), f"{p.output_tokens_per_s:.1f}",
+                      f"{p.per_user_tokens_per_s:.1f}", f"{p.ttft_mean_s * 1e3:.0f}", f"{p.ttft_p90_s * 1e3:.0f}",
+                      f"{p.tpot_mean_s * 1e3:.1f}", f"{p.mean_acceptance_length:.2f}" if p.model == "dflash" else "-")
+    _console.print(table)
+    by = {(p.model, p.concurrency): p for p in points}
+    for c in sorted({p.concurrency for p in points}):
+        if ("dflash", c) in by and ("dflash_ar", c) in by:
+            ratio = by["dflash", c].output_tokens_per_s / by["dflash_ar", c].output_tokens_per_s
+            _console.print(f"concurrency {c}: DFlash / autoregressive throughput = {ratio:.2f}x")
+    for c, r in ratios.items():
+        _console.print(f"DFlash throughput at concurrency {c} = {r:.2f}x concurrency 1")

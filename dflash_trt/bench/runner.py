@@ -1,20 +1,39 @@
-"""Bench orchestration: load the pair, warm up, run each block size with a progress bar."""
+"""Bench orchestration: load, warm up, run with progress bars, then write JSON, tables and plots."""
 
 from __future__ import annotations
 
+import json
+import platform
+import time
 from pathlib import Path
 
 import torch
 
-from dflash_trt.bench.local import BlockResult, bench_block_size, load_prompts, warm_up
+from dflash_trt.bench import plots, report
+from dflash_trt.bench.local import bench_block_size, load_prompts, warm_up
+from dflash_trt.bench.served import scaling, sweep
 from dflash_trt.engine.config import resolve_model_path
 from dflash_trt.runtime.local import load_pair
 from dflash_trt.spec.sampling import SamplingParams
 from dflash_trt.tokenizer import stop_token_ids
 
+SCHEMA_VERSION = 1
 
-def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tokens, temperature, seed,
-              device) -> list[BlockResult]:
+
+def _header(mode: str, **extra) -> dict:
+    return {"schema_version": SCHEMA_VERSION, "mode": mode, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                        "torch_threads": torch.get_num_threads()}, **extra}
+
+
+def _write(out_dir: str, payload: dict) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
+    return out
+
+
+def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tokens, sampling, device, out_dir):
     from rich.progress import Progress
 
     pair = load_pair(resolve_model_path(target, Path.cwd()), resolve_model_path(draft, Path.cwd()), "fp32", device)
@@ -23,10 +42,38 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
     stop_ids = stop_token_ids(pair.tokenizer, pair.target.config.eos_token_ids)
     warm_up(pair, prompts[0], max(block_sizes))
     results = []
-    with Progress() as progress:
+    with Progress(transient=True) as progress:
         for block_size in block_sizes:
             task = progress.add_task(f"block size {block_size}", total=len(prompts))
-            params = SamplingParams(temperature, seed=seed)
+            params = SamplingParams(sampling["temperature"], seed=sampling["seed"])
             results.append(bench_block_size(pair, prompts, block_size, max_new_tokens, params, stop_ids,
                                             lambda: progress.advance(task)))
+    report.print_local(results)
+    out = _write(out_dir, _header("local", target=str(target), draft=str(draft), max_new_tokens=max_new_tokens,
+                                  sampling=sampling, results=[r.to_dict() for r in results]))
+    plots.acceptance_histogram({f"block {r.block_size}": r.acceptance_lengths for r in results},
+                               max(block_sizes), out / "acceptance_histogram.png")
+    report.say(f"wrote {out / 'results.json'} and {out / 'acceptance_histogram.png'}")
     return results
+
+
+def run_served(url, prompts_path, num_prompts, levels, max_new_tokens, sampling, out_dir):
+    from rich.progress import Progress
+
+    prompts = load_prompts(prompts_path, None, num_prompts) if prompts_path else load_prompts(None, None, num_prompts)
+    with Progress(transient=True) as progress:
+        def factory(name, total):
+            task = progress.add_task(name, total=total)
+            return lambda: progress.advance(task)
+
+        points = sweep(url, prompts, levels, max_new_tokens, sampling, progress_factory=factory)
+    ratios = scaling(points)
+    report.print_served(points, ratios)
+    out = _write(out_dir, _header("served", url=url, max_new_tokens=max_new_tokens, sampling=sampling,
+                                  points=[p.to_dict() for p in points], dflash_scaling_vs_c1=ratios))
+    plots.pareto_plot(points, out / "pareto.png")
+    block = max((max(p.acceptance_lengths, default=1) for p in points), default=1)
+    plots.acceptance_histogram({f"dflash c={p.concurrency}": p.acceptance_lengths for p in points
+                                if p.model == "dflash"}, block, out / "acceptance_histogram.png")
+    report.say(f"wrote {out / 'results.json'}, {out / 'pareto.png'}, {out / 'acceptance_histogram.png'}")
+    return points

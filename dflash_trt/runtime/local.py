@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +33,22 @@ class LoadedPair:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
 
+def cpu_threads() -> int:
+    """Intra-op threads for CPU decoding: DFLASH_TRT_CPU_THREADS, default 1.
+
+    Decode steps are many small ops; with 2+ OpenMP threads on a shared 2-core machine, barrier
+    waits made each op 10-50x slower when another process was busy (measured: 16 tokens took
+    10-20 s instead of 0.4 s). One thread is predictable; raise it on an idle many-core host.
+    """
+    return max(1, int(os.environ.get("DFLASH_TRT_CPU_THREADS", "1")))
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        torch.set_num_threads(cpu_threads())
+        return torch.device("cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"--device {device}: this torch build has no CUDA device; use --device cpu")
     return torch.device(device)

@@ -187,10 +187,10 @@ def _loop(cfg, target, draft, optimizer, tokens, loss_mask, step, state_dir, pro
         torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.grad_clip)
         optimizer.step()
         step += 1
-        recent = (recent + [(float(loss), accuracy.detach())])[-20:]
-        history.append(round(float(loss), 5))
+        recent = (recent + [(loss.item(), accuracy.detach())])[-20:]
+        history.append(round(recent[-1][0], 5))
         tau = simulated_acceptance_length(torch.stack([a for _, a in recent]).mean(0))
-        progress.update(task, completed=step, info=f"loss {float(loss):.3f}  τ≈{tau:.2f}")
+        progress.update(task, completed=step, info=f"loss {recent[-1][0]:.3f}  τ≈{tau:.2f}")
         if step % cfg.save_every == 0 or step == cfg.steps:
             train_state.save(state_dir, cfg, draft, optimizer, step)
     draft.eval()

@@ -1,0 +1,57 @@
+"""PNG plots for benchmark results: latency–throughput Pareto curve and acceptance-length histogram."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def pareto_plot(points, path: str | Path) -> Path:
+    """Total output tokens/s vs per-user tokens/s, one curve per model, points labelled by concurrency."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 5), dpi=110)
+    for model in sorted({p.model for p in points}):
+        mine = sorted((p for p in points if p.model == model), key=lambda p: p.concurrency)
+        xs, ys = [p.per_user_tokens_per_s for p in mine], [p.output_tokens_per_s for p in mine]
+        ax.plot(xs, ys, marker="o", label=model)
+        for p, x, y in zip(mine, xs, ys):
+            ax.annotate(f"c={p.concurrency}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("per-user output tokens/s (interactivity)")
+    ax.set_ylabel("total output tokens/s (throughput)")
+    ax.set_title("DFlash vs autoregressive: latency–throughput")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
+
+
+def acceptance_histogram(series: dict[str, list[int]], block_size: int, path: str | Path) -> Path:
+    """Share of verify steps committing n tokens (n = 1..block_size), one bar group per series."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    names = list(series)
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        lengths = series[name]
+        total = max(1, len(lengths))
+        xs = [n + (i - (len(names) - 1) / 2) * width for n in range(1, block_size + 1)]
+        ax.bar(xs, [lengths.count(n) / total for n in range(1, block_size + 1)], width=width, label=name)
+    ax.set_xlabel("tokens committed per verify step (acceptance length)")
+    ax.set_ylabel("share of verify steps")
+    ax.set_xticks(range(1, block_size + 1))
+    ax.set_title("acceptance-length histogram")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)

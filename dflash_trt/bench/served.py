@@ -1,0 +1,92 @@
+"""Served benchmark: concurrency sweep over gRPC streaming against `dflash` and `dflash_ar`.
+
+At each concurrency c, c client threads each send requests back to back (streaming) until the
+prompt list is used up. Both models are the same bundle on the same server: `dflash` decodes
+with DFlash, `dflash_ar` autoregressively, so the two curves are measured side by side.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from dflash_trt.triton.client import ServedResult, grpc_generate, request_inputs
+
+
+@dataclass
+class ServedPoint:
+    model: str
+    concurrency: int
+    requests: int
+    wall_s: float
+    output_tokens: int
+    ttft_mean_s: float
+    ttft_p90_s: float
+    tpot_mean_s: float  # mean time per output token after the first
+    per_user_tokens_per_s: float  # mean over requests of tokens / request time
+    mean_acceptance_length: float
+    acceptance_lengths: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.wall_s
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("acceptance_lengths")
+        return d | {"output_tokens_per_s": self.output_tokens_per_s}
+
+
+def _point(model: str, concurrency: int, results: list[ServedResult], wall: float) -> ServedPoint:
+    ttfts = sorted(r.ttft_s for r in results)
+    tpots = [(r.total_s - r.ttft_s) / (len(r.token_ids) - 1) for r in results if len(r.token_ids) > 1]
+    lengths = [n for r in results for n in r.acceptance_lengths]
+    return ServedPoint(
+        model=model, concurrency=concurrency, requests=len(results), wall_s=wall,
+        output_tokens=sum(len(r.token_ids) for r in results),
+        ttft_mean_s=statistics.fmean(ttfts), ttft_p90_s=ttfts[int(0.9 * (len(ttfts) - 1))],
+        tpot_mean_s=statistics.fmean(tpots) if tpots else 0.0,
+        per_user_tokens_per_s=statistics.fmean(len(r.token_ids) / r.total_s for r in results),
+        mean_acceptance_length=sum(lengths) / len(lengths) if lengths else 0.0,
+        acceptance_lengths=lengths,
+    )
+
+
+def run_point(url: str, model: str, prompts: list, concurrency: int, max_new_tokens: int, sampling: dict,
+              progress=None) -> ServedPoint:
+    """Send every prompt once with `concurrency` in flight; one measured point."""
+    def one(item):
+        i, prompt = item
+        ids = prompt if isinstance(prompt, list) else None
+        text = prompt if isinstance(prompt, str) else None
+        inputs = request_inputs(text, ids, max_new_tokens, seed=sampling.get("seed", 0) + i,
+                                temperature=sampling.get("temperature", 0.0), stream=True)
+        result = grpc_generate(url, inputs, model=model)
+        if progress is not None:
+            progress()
+        return result
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(one, enumerate(prompts)))
+    return _point(model, concurrency, results, time.perf_counter() - t0)
+
+
+def sweep(url: str, prompts: list, levels: list[int], max_new_tokens: int, sampling: dict,
+          models: tuple[str, ...] = ("dflash", "dflash_ar"), progress_factory=None) -> list[ServedPoint]:
+    points = []
+    for concurrency in levels:
+        batch = (prompts * (1 + (2 * concurrency) // max(1, len(prompts))))[: max(len(prompts), 2 * concurrency)]
+        for model in models:
+            tick = progress_factory(f"{model} c={concurrency}", len(batch)) if progress_factory else None
+            points.append(run_point(url, model, batch, concurrency, max_new_tokens, sampling, tick))
+    return points
+
+
+def scaling(points: list[ServedPoint], model: str = "dflash") -> dict[int, float]:
+    """Total output tokens/s at each concurrency relative to concurrency 1."""
+    mine = {p.concurrency: p.output_tokens_per_s for p in points if p.model == model}
+    base = mine.get(1)
+    return {c: v / base for c, v in sorted(mine.items())} if base else {}
