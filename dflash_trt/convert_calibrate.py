@@ -31,6 +31,7 @@ from dflash_trt.spec.requests import Request, StopCriteria
 
 CALIBRATORS = ("auto", "builtin", "modelopt")
 BATCH = 8
+ID_KEYS = ("ids", "token_ids")  # JSONL keys holding token ids (token_ids: scripts/make_tiny_pair.py prompts)
 
 
 def resolve_calibrator(name: str) -> str:
@@ -49,11 +50,12 @@ def _jsonl_prompt(line: str, where: str, tokenizer) -> list[int]:
         item = json.loads(line)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{where}: not valid JSON ({exc})") from None
-    if isinstance(item, dict) and isinstance(item.get("ids"), list):
-        return item["ids"]
+    ids = next((item[k] for k in ID_KEYS if isinstance(item, dict) and isinstance(item.get(k), list)), None)
+    if ids is not None:
+        return ids
     if isinstance(item, dict) and isinstance(item.get("text"), str):
         return _encode(item["text"], where, tokenizer)
-    raise ConfigError(f"{where}: expected an object with 'ids' (list of ints) or 'text' (string)")
+    raise ConfigError(f"{where}: expected an object with 'ids' / 'token_ids' (list of ints) or 'text' (string)")
 
 
 def _encode(text: str, where: str, tokenizer) -> list[int]:
@@ -63,7 +65,7 @@ def _encode(text: str, where: str, tokenizer) -> list[int]:
 
 
 def load_prompts(path: Path, vocab: int, tokenizer=None, limit: int | None = None) -> list[tuple[int, ...]]:
-    """Prompts from .jsonl ({"ids": [...]} or {"text": ...} per line) or .txt (one prompt a line)."""
+    """Prompts from .jsonl ({"ids" | "token_ids": [...]} or {"text": ...} per line) or .txt (one a line)."""
     if not path.is_file():
         raise ConfigError(f"{path}: calibration data file not found")
     if path.suffix not in (".jsonl", ".txt"):

@@ -19,7 +19,8 @@ from dflash_trt.quant.modes import HANDLERS, KV_CACHE_MODES
 @click.option("--kv-cache", type=click.Choice(sorted(KV_CACHE_MODES)), default="none", show_default=True)
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel ranks.")
 @click.option("--calib-data", type=click.Path(dir_okay=False),
-              help="Calibration prompts: .jsonl ({'ids': [...]} or {'text': ...} per line) or .txt.")
+              help="Calibration prompts: .jsonl ({'ids': [...]}, {'token_ids': [...]} or {'text': ...} "
+                   "per line) or .txt (one prompt per line).")
 @click.option("--calib-samples", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--calib-new-tokens", type=click.IntRange(min=1), default=32, show_default=True,
               help="Tokens decoded per calibration prompt.")
