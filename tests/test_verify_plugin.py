@@ -50,15 +50,21 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def nvcc_job(tmp_path_factory):
+def nvcc_job(request, tmp_path_factory):
     """Start the three-arch nvcc compile in the background; the compile test waits for it."""
     nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        return None
+    selected = any(item.name.startswith("test_kernels_compile") for item in request.session.items)
+    if nvcc is None or not selected:
+        yield None
+        return
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS]
     out = tmp_path_factory.mktemp("nvcc") / "verify_kernels.o"
     cmd = [nvcc, *NVCC_FLAGS, *gencode, str(PLUGIN / "src" / "verify_kernels.cu"), "-o", str(out)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), out
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    yield proc, out
+    if proc.poll() is None:  # the compile test failed early or was interrupted
+        proc.kill()
+        proc.communicate()
 
 
 @pytest.fixture(autouse=True)
@@ -175,7 +181,7 @@ def test_nan_and_inf_rows_follow_the_reference():
         [NEG_INF, 2.0, NAN, 2.0],
         [NAN, NEG_INF, 0.5, NEG_INF],
     ])
-    for temperature in (0.0, 0.5, 1.0, 2.0):
+    for temperature in (0.0, 0.5, 1.0, 2.0, 1e33):  # 1e33: -FLT_MAX / T is finite enough to be sampled
         for top_k, top_p in [(0, 1.0), (1, 1.0), (3, 1.0), (0, 0.5), (2, 0.3)]:
             for seed in (0, 2**63 + 5, 2**64 - 1):
                 assert_same_tokens(rows, *params(len(rows), temperature, top_k, top_p, seed))

@@ -6,9 +6,12 @@
 // the target's tokens) and next_block_ids[b, j] = [t_a, mask_token_id x K][j].
 //
 // CtaBlock gives row_select.h its primitives: strided vectorized loads of four elements (four
-// in flight per thread in the light passes, one in the heavy ones), warp-shuffle + shared-memory reductions, and 256-bin histograms kept in
-// kHistCopies bank-staggered copies (shared atomics; radix digits of floats pile into few bins).
-// Every reduction is order-independent, so results do not depend on scheduling.
+// in flight per thread in the light passes, one in the heavy ones), warp-shuffle + shared-memory
+// reductions, and 256-bin histograms kept in kHistCopies bank-staggered copies (shared atomics;
+// radix digits of floats pile into few bins). Every reduction is order-independent, so results
+// do not depend on scheduling.
+//
+// FOOTGUN: never build with --use_fast_math / -ftz=true: flushing subnormal scores changes tokens.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -158,24 +161,26 @@ class CtaBlock {
   template <int kInFlight, class T, class F>
   __device__ static void visit(const T* row, int32_t vocab, F& f) {
     using Q = Quad<T>;
-    int32_t tail = 0;
-    if ((reinterpret_cast<uintptr_t>(row) % sizeof(Q)) == 0) {
-      const int32_t nquad = vocab / 4;
-      const Q* qrow = reinterpret_cast<const Q*>(row);
-      int32_t j = threadIdx.x;
-      for (; j + (kInFlight - 1) * kThreads < nquad; j += kInFlight * kThreads) {
-        Q raw[kInFlight];
+    // Peel the elements before the first Q-aligned address (rows of an odd V are misaligned).
+    const uintptr_t misalign = reinterpret_cast<uintptr_t>(row) % sizeof(Q);
+    const int32_t head = min(vocab, static_cast<int32_t>((sizeof(Q) - misalign) % sizeof(Q) / sizeof(T)));
+    if (static_cast<int32_t>(threadIdx.x) < head) f(threadIdx.x, to_float(row[threadIdx.x]));
+    const int32_t nquad = (vocab - head) / 4;
+    const Q* qrow = reinterpret_cast<const Q*>(row + head);
+    int32_t j = threadIdx.x;
+    for (; j + (kInFlight - 1) * kThreads < nquad; j += kInFlight * kThreads) {
+      Q raw[kInFlight];
 #pragma unroll
-        for (int u = 0; u < kInFlight; ++u) raw[u] = __ldg(qrow + j + u * kThreads);
+      for (int u = 0; u < kInFlight; ++u) raw[u] = __ldg(qrow + j + u * kThreads);
 #pragma unroll
-        for (int u = 0; u < kInFlight; ++u) apply<T>(raw[u], (j + u * kThreads) * 4, f);
-      }
-      if (kInFlight > 1) {
-        for (; j < nquad; j += kThreads) apply<T>(__ldg(qrow + j), j * 4, f);
-      }
-      tail = nquad * 4;
+      for (int u = 0; u < kInFlight; ++u) apply<T>(raw[u], head + (j + u * kThreads) * 4, f);
     }
-    for (int32_t v = tail + static_cast<int32_t>(threadIdx.x); v < vocab; v += kThreads) f(v, to_float(row[v]));
+    if (kInFlight > 1) {
+      for (; j < nquad; j += kThreads) apply<T>(__ldg(qrow + j), head + j * 4, f);
+    }
+    for (int32_t v = head + nquad * 4 + static_cast<int32_t>(threadIdx.x); v < vocab; v += kThreads) {
+      f(v, to_float(row[v]));
+    }
   }
 
   template <class T, class Q, class F>
