@@ -39,12 +39,24 @@ def run_convert(target, draft, out, **kw):
     return config
 
 
+def with_random_biases(hf, folder, seed=0):
+    """HF initializes biases to zero, which would hide a bias added twice or dropped; re-save random ones."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    hf.save_pretrained(folder)
+    return hf
+
+
 @pytest.fixture(scope="module")
 def llama_pair(tmp_path_factory):
     """Tied Llama with llama3 RoPE, attention and MLP biases: every optional name in the map."""
     root = tmp_path_factory.mktemp("llama")
     hf = make_target(root / "target", "llama", seed=3, tie_word_embeddings=True, rope_scaling=LLAMA3_ROPE,
                      rope_theta=500000.0, attention_bias=True, mlp_bias=True)
+    with_random_biases(hf, root / "target")
     make_draft(root / "draft", hf.config)
     return root / "target", root / "draft", hf
 
@@ -101,7 +113,7 @@ def test_llama_biases_fuse_and_tied_lm_head_is_written(converted, llama_pair):
     hf = llama_pair[2].state_dict()
     rank = load_file(str(converted["llama"] / "target" / "rank0.safetensors"))
     qkv_bias = torch.cat([hf[f"model.layers.0.self_attn.{p}_proj.bias"] for p in "qkv"])
-    assert torch.equal(rank["transformer.layers.0.attention.qkv.bias"], qkv_bias)
+    assert torch.equal(rank["transformer.layers.0.attention.qkv.bias"], qkv_bias) and qkv_bias.abs().sum() > 0
     assert torch.equal(rank["transformer.layers.0.mlp.fc.bias"], hf["model.layers.0.mlp.gate_proj.bias"])
     assert torch.equal(rank["lm_head.weight"], hf["model.embed_tokens.weight"])
     config = json.loads((converted["llama"] / "target" / "config.json").read_text())

@@ -6,7 +6,7 @@ from dflash_trt.runtime.local import generate
 from dflash_trt.runtime.tp import TPJob, load_trtllm_pair, tp_generate
 from dflash_trt.spec.requests import Request, StopCriteria
 from dflash_trt.spec.sampling import SamplingParams
-from test_convert import one_thread, run_convert  # noqa: F401  (autouse fixture)
+from test_convert import one_thread, run_convert, with_random_biases  # noqa: F401  (autouse fixture)
 from tiny_models import make_draft, make_target
 
 REQUESTS = (
@@ -15,7 +15,7 @@ REQUESTS = (
 )
 CASES = {  # name -> (pair, convert options)
     "fp32": ("gqa", {}),
-    "mqa_odd_vocab": ("mqa", {}),  # KV heads duplicated on both ranks, lm_head padded 255 -> 256
+    "llama_mqa_bias": ("mqa", {}),  # KV head duplicated, lm_head padded 255 -> 256, row-parallel biases
     "nvfp4_fp8kv": ("gqa", {"quant": "nvfp4", "kv_cache": "fp8"}),  # the simulated W4A4 + FP8 KV path
 }
 
@@ -23,7 +23,9 @@ CASES = {  # name -> (pair, convert options)
 @pytest.fixture(scope="module")
 def checkpoints(tiny_pair, tmp_path_factory):
     root = tmp_path_factory.mktemp("tp")
-    hf = make_target(root / "mqa" / "target", "qwen3", seed=5, num_key_value_heads=1, vocab_size=255)
+    hf = make_target(root / "mqa" / "target", "llama", seed=5, num_key_value_heads=1, vocab_size=255,
+                     attention_bias=True, mlp_bias=True)
+    with_random_biases(hf, root / "mqa" / "target")
     make_draft(root / "mqa" / "draft", hf.config)
     pairs = {"gqa": tiny_pair[:2], "mqa": (root / "mqa" / "target", root / "mqa" / "draft")}
     out = {}

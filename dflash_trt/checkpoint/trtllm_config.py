@@ -100,16 +100,18 @@ def rope_scaling(rope: RopeConfig) -> dict | None:
 
 
 def check_tp(dims: TransformerDims, tp: int, where: Path) -> None:
-    """Heads, KV heads and the MLP must split evenly over `tp` ranks (KV heads may be duplicated)."""
+    """Heads and the MLP must split evenly over `tp` ranks; KV heads split, or are duplicated when fewer."""
     kv = dims.num_kv_heads
-    problems = {
-        "num_attention_heads": dims.num_heads % tp and f"{dims.num_heads} is not divisible by --tp {tp}",
-        "num_key_value_heads": (kv % tp and tp % kv) and f"{kv}: --tp {tp} must divide it or be a multiple of it",
-        "intermediate_size": dims.intermediate_size % tp and f"{dims.intermediate_size} is not divisible by --tp {tp}",
-    }
-    for name, problem in problems.items():
-        if problem:
-            raise UnsupportedModelError(f"{where}: field '{name}': {problem}")
+    problems = []
+    if dims.num_heads % tp:
+        problems.append(("num_attention_heads", f"{dims.num_heads} is not divisible by --tp {tp}"))
+    if kv % tp and tp % kv:
+        problems.append(("num_key_value_heads", f"{kv}: --tp {tp} must divide it or be a multiple of it"))
+    if dims.intermediate_size % tp:
+        problems.append(("intermediate_size", f"{dims.intermediate_size} is not divisible by --tp {tp}"))
+    if problems:
+        name, problem = problems[0]
+        raise UnsupportedModelError(f"{where}: field '{name}': {problem}")
 
 
 def local_dims(dims: TransformerDims, tp: int) -> TransformerDims:

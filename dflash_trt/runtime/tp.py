@@ -162,9 +162,8 @@ def load_trtllm_pair(target_dir, draft_dir, rank: int = 0, dtype: str = "auto", 
     if target_ckpt.config.is_draft or not draft_ckpt.config.is_draft:
         raise CheckpointError(f"{target_dir}, {draft_dir}: expected a target then a DFlash drafter checkpoint")
     if target_ckpt.config.tp_size != draft_ckpt.config.tp_size:
-        raise CheckpointError(f"{draft_dir / 'config.json' if isinstance(draft_dir, Path) else draft_dir}: "
-                              f"field 'mapping.tp_size': {draft_ckpt.config.tp_size} != target's "
-                              f"{target_ckpt.config.tp_size}")
+        raise CheckpointError(f"{draft_ckpt.folder / 'config.json'}: field 'mapping.tp_size': "
+                              f"{draft_ckpt.config.tp_size} != the target's {target_ckpt.config.tp_size}")
     check_pair(_Checked(target_ckpt.folder, target_ckpt.config.model),
                _Checked(draft_ckpt.folder, draft_ckpt.config.model))
     dev = resolve_device(device)
