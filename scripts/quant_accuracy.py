@@ -10,7 +10,7 @@ CPU) and measured on the evaluation prompts:
 Without --target/--draft a tiny RANDOM pair is built (random drafter: tau ~ 1, so d_tau says
 nothing there); rerun on a trained pair, e.g. the shipped one:
 
-    python scripts/quant_accuracy.py --target dflash_trt/assets/target --draft dflash_trt/assets/draft \\
+    python scripts/quant_accuracy.py --target dflash_trt/assets/tiny-qwen3 --draft dflash_trt/assets/tiny-qwen3-dflash \\
         --eval-data dflash_trt/assets/heldout_prompts.jsonl --calib-data out/tiny_pair/draft_prompts.jsonl
 """
 
