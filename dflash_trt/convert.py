@@ -16,8 +16,6 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-import torch
-
 from dflash_trt.checkpoint.hf import check_pair, read_draft, read_target
 from dflash_trt.checkpoint.json_fields import load_json
 from dflash_trt.checkpoint.trtllm_config import DTYPE_NAMES, QuantSection, TrtllmConfig, check_tp
@@ -108,8 +106,13 @@ def _check_out(out: Path) -> None:
 
 
 def _calibrate(config: ConvertConfig, target_ckpt, draft_ckpt) -> tuple[dict, tuple[ModelAmax, ModelAmax]]:
-    from dflash_trt.convert_calibrate import calibrate_pair, load_prompts, random_prompts, resolve_calibrator
-    from dflash_trt.model.loader import load_draft, load_target
+    from dflash_trt.convert_calibrate import (
+        calibrate_pair,
+        load_prompts,
+        random_prompts,
+        resolve_calibrator,
+        unfused_models,
+    )
     from dflash_trt.tokenizer import has_tokenizer, load_tokenizer
 
     vocab = target_ckpt.config.vocab_size
@@ -119,7 +122,7 @@ def _calibrate(config: ConvertConfig, target_ckpt, draft_ckpt) -> tuple[dict, tu
         tokenizer = load_tokenizer(target_ckpt.folder) if has_tokenizer(target_ckpt.folder) else None
         prompts = load_prompts(Path(config.calib_data), vocab, tokenizer, config.calib_samples)
     calibrator = resolve_calibrator(config.calibrator)
-    target, draft = load_target(target_ckpt, torch.float32), load_draft(draft_ckpt, torch.float32)
+    target, draft = unfused_models(target_ckpt, draft_ckpt)
     amax = calibrate_pair(target, draft, prompts, config.calib_new_tokens, config.quant, calibrator)
     info = {"calibrator": calibrator, "prompts": len(prompts), "random_prompts": config.calib_data is None}
     return info, amax

@@ -5,10 +5,12 @@ prefill and verify blocks and the drafter sees context features and noise blocks
 activations both meet at inference. Recorded per model (Model Optimizer's "max" algorithm):
 - inputs:  max |x| entering every decoder-layer linear (q/k/v/o/gate/up/down)
 - weights: max |W| of those linears
-- kv:      max |K| (after k_norm and RoPE: what the cache holds) and max |V| per layer
+- kv:      max |K| and max |V| per layer over every entry written to the KV cache (K after k_norm
+           and RoPE: exactly what an FP8 cache stores; the drafter caches only context K/V)
 Calibrators: "builtin" (forward hooks, pure torch) and "modelopt" (nvidia-modelopt's max
-calibrator run on our torch modules; K/V amax still comes from our hooks, since modelopt cannot
-see inside our attention). "auto" takes modelopt when it is importable. Both give identical amaxes
+calibrator run on our torch modules; K/V amax still comes from our cache hooks, since modelopt
+cannot see inside our attention). Modules are built unfused (`unfused_models`) so every linear's
+input passes through its nn.Linear. "auto" takes modelopt when it is importable. Both give identical amaxes
 (tests/test_convert_quant.py).
 """
 
@@ -25,6 +27,9 @@ from torch import nn
 
 from dflash_trt.checkpoint.trtllm_writer import ModelAmax
 from dflash_trt.errors import ConfigError, MissingDependencyError
+from dflash_trt.model.draft import DFlashDraft
+from dflash_trt.model.layers import Rotary
+from dflash_trt.model.target import Target
 from dflash_trt.quant.numerics import tensor_amax
 from dflash_trt.spec.decode import speculative_generate
 from dflash_trt.spec.requests import Request, StopCriteria
@@ -100,40 +105,58 @@ def _update(table: dict, key, value: torch.Tensor) -> None:
     table[key] = max(table.get(key, 0.0), float(value))
 
 
+def unfused_models(target_ckpt, draft_ckpt) -> tuple[Target, DFlashDraft]:
+    """fp32 modules whose q/k/v/gate/up run as separate nn.Linear calls, so hooks (ours and
+    modelopt's) see every linear input; the inference loaders may fuse those matmuls."""
+    models = []
+    for ckpt, cls in ((target_ckpt, Target), (draft_ckpt, DFlashDraft)):
+        names = [n for n in ckpt.weights.names() if not n.endswith("rotary_emb.inv_freq")]
+        state = ckpt.weights.load(names, torch.float32)
+        if cls is Target and ckpt.config.tie_word_embeddings:
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        with torch.device("meta"):
+            model = cls(ckpt.config)
+        model.load_state_dict(state, strict=True, assign=True)
+        model.rotary = Rotary(ckpt.config.dims.rope, ckpt.config.dims.head_dim)  # rebuilt off the meta device
+        models.append(model.eval().requires_grad_(False))
+    return models[0], models[1]
+
+
 @contextmanager
 def recording(model: nn.Module, amax: ModelAmax, inputs: bool):
-    """Record K/V amax (and linear input amax when `inputs`) while the block runs."""
+    """Record K/V amax at every cache write (and linear input amax when `inputs`) while the block runs."""
     hooks = []
     if inputs:
         for name, linear in layer_linears(model).items():
             hook = (lambda key: lambda mod, args: _update(amax.inputs, key, tensor_amax(args[0])))(name)
             hooks.append(linear.register_forward_pre_hook(hook))
-    attns = [layer.self_attn for layer in _layers(model)]
-    for index, attn in enumerate(attns):
-        attn.key_value = _kv_recorder(attn.key_value, amax, index)  # instance attribute shadows the method
+    model.new_cache = _recording_caches(model.new_cache, amax)  # instance attribute shadows the method
     try:
         yield amax
     finally:
         for hook in hooks:
             hook.remove()
-        for attn in attns:
-            del attn.key_value
+        del model.new_cache
 
 
-def _layers(model: nn.Module):
-    return model.layers if hasattr(model, "layers") else model.model.layers
+def _recording_caches(new_cache, amax: ModelAmax):
+    """`new_cache` whose caches record max |K| and max |V| per layer of every (valid) entry written."""
+    def build(*args, **kwargs):
+        cache = new_cache(*args, **kwargs)
+        write = cache.write
+
+        def recording_write(layer, slots, positions, k, v, valid=None):
+            kept_k, kept_v = (k, v) if valid is None else (k[valid], v[valid])
+            old = amax.kv.get(layer, (0.0, 0.0))
+            amax.kv[layer] = (max(old[0], float(tensor_amax(kept_k))), max(old[1], float(tensor_amax(kept_v))))
+            return write(layer, slots, positions, k, v, valid)
+
+        cache.write = recording_write
+        return cache
+    return build
 
 
-def _kv_recorder(key_value, amax: ModelAmax, layer: int):
-    def wrapped(x, cos, sin):
-        k, v = key_value(x, cos, sin)
-        old = amax.kv.get(layer, (0.0, 0.0))
-        amax.kv[layer] = (max(old[0], float(tensor_amax(k))), max(old[1], float(tensor_amax(v))))
-        return k, v
-    return wrapped
-
-
-def _modelopt_inputs(model: nn.Module, forward_loop, quant: str) -> dict[str, float]:
+def _modelopt_inputs(model: nn.Module, forward_loop, quant: str) -> dict[str, float | None]:
     """Linear input amaxes from Model Optimizer's max calibration of a copy of `model`."""
     if importlib.util.find_spec("modelopt") is None:
         raise MissingDependencyError("nvidia-modelopt is not installed; pip install 'dflash-trt[dev]' "
@@ -143,12 +166,13 @@ def _modelopt_inputs(model: nn.Module, forward_loop, quant: str) -> dict[str, fl
     recipe = copy.deepcopy(mtq.NVFP4_DEFAULT_CFG if quant == "nvfp4" else mtq.FP8_DEFAULT_CFG)
     quantized = copy.deepcopy(model)
     mtq.quantize(quantized, recipe, forward_loop)
-    return {name: float(m.input_quantizer.amax) for name, m in layer_linears(quantized).items()}
+    amaxes = {name: m.input_quantizer.amax for name, m in layer_linears(quantized).items()}
+    return {name: None if a is None else float(a) for name, a in amaxes.items()}
 
 
-def calibrate_pair(target, draft, prompts, max_new_tokens: int, quant: str, calibrator: str
+def calibrate_pair(target: Target, draft: DFlashDraft, prompts, max_new_tokens: int, quant: str, calibrator: str
                    ) -> tuple[ModelAmax, ModelAmax]:
-    """Amaxes of the target and the drafter (modules in fp32, eval mode)."""
+    """Amaxes of the target and the drafter (fp32 modules from `unfused_models`)."""
     amax = ModelAmax(), ModelAmax()
     builtin = calibrator == "builtin" or quant == "none"
     with torch.inference_mode(), recording(target, amax[0], builtin), recording(draft, amax[1], builtin):
@@ -157,5 +181,9 @@ def calibrate_pair(target, draft, prompts, max_new_tokens: int, quant: str, cali
         amax[0].inputs = _modelopt_inputs(target, lambda t: decode_all(t, draft, prompts, max_new_tokens), quant)
         amax[1].inputs = _modelopt_inputs(draft, lambda d: decode_all(target, d, prompts, max_new_tokens), quant)
     for model, a in zip((target, draft), amax):
-        a.weights = {name: float(tensor_amax(m.weight)) for name, m in layer_linears(model).items()}
+        linears = layer_linears(model)
+        a.weights = {name: float(tensor_amax(m.weight)) for name, m in linears.items()}
+        unseen = sorted(set(linears) - {n for n, v in a.inputs.items() if v is not None})
+        if unseen:
+            raise RuntimeError(f"calibration saw no input for {unseen[:3]}: are q/k/v or gate/up fused?")
     return amax

@@ -96,6 +96,18 @@ def evaluate(folder: Path, prompts, args) -> dict:
     return {"argmax": argmax_tokens(pair, prompts), "tau": stats.mean_acceptance_length, "mb": size / 2**20}
 
 
+def run_recipes(args, work: Path, prompts) -> dict[str, dict]:
+    """Convert and evaluate every recipe; rows in RECIPES order (bf16 first)."""
+    rows = {}
+    for name, options in RECIPES.items():
+        folder = work / name.replace(" + ", "_").replace(" ", "_")
+        convert(ConvertConfig(str(args.target), str(args.draft), str(folder), dtype="bf16",
+                              calib_data=str(args.calib_data) if args.calib_data else None,
+                              calibrator=args.calibrator, **options))
+        rows[name] = evaluate(folder, prompts, args)
+    return rows
+
+
 def table(rows: dict[str, dict]) -> str:
     base = rows["bf16"]
     lines = ["| recipe | checkpoint MB | top-1 agreement with BF16 | tau | d_tau vs BF16 |", "|---|---|---|---|---|"]
@@ -129,13 +141,8 @@ def main() -> None:
         if args.target is None:
             args.target, args.draft = build_random_pair(work / "random_pair")
         prompts = eval_prompts(args, read_target(args.target).config.vocab_size)
-        rows, t0 = {}, time.perf_counter()
-        for name, options in RECIPES.items():
-            folder = work / name.replace(" + ", "_").replace(" ", "_")
-            convert(ConvertConfig(str(args.target), str(args.draft), str(folder), dtype="bf16",
-                                  calib_data=str(args.calib_data) if args.calib_data else None,
-                                  calibrator=args.calibrator, **options))
-            rows[name] = evaluate(folder, prompts, args)
+        t0 = time.perf_counter()
+        rows = run_recipes(args, work, prompts)
         print(f"target {args.target}, drafter {args.draft}: {len(prompts)} eval prompts, "
               f"{args.max_new_tokens} new tokens each, {time.perf_counter() - t0:.0f} s\n")
         print(table(rows))

@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from dflash_trt.checkpoint.trtllm_names import TARGET_NAMES, hf_names_of, linear_of
-from dflash_trt.convert_calibrate import calibrate_pair, random_prompts
+from dflash_trt.checkpoint.hf import read_draft, read_target
+from dflash_trt.convert_calibrate import calibrate_pair, random_prompts, unfused_models
 from dflash_trt.quant import numerics as nq
 from dflash_trt.runtime.tp import load_trtllm_pair
 from test_convert import one_thread, run_convert  # noqa: F401  (autouse fixture)
@@ -99,14 +100,30 @@ def test_activation_and_kv_scales_come_from_calibration(ours):
     assert config["exclude_modules"] == ["lm_head"]
 
 
-def test_builtin_calibration_equals_modelopt(loaded_tiny_pair):
+def test_builtin_calibration_equals_modelopt(tiny_pair):
     prompts = random_prompts(3, 12, 256, seed=1)
-    pair = loaded_tiny_pair
-    builtin = calibrate_pair(pair.target, pair.draft, prompts, 6, "fp8", "builtin")
-    modelopt = calibrate_pair(pair.target, pair.draft, prompts, 6, "fp8", "modelopt")
+    target, draft = unfused_models(read_target(tiny_pair[0]), read_draft(tiny_pair[1]))
+    builtin = calibrate_pair(target, draft, prompts, 6, "fp8", "builtin")
+    modelopt = calibrate_pair(target, draft, prompts, 6, "fp8", "modelopt")
     for a, b in zip(builtin, modelopt):
         assert len(a.inputs) in (4 * 7, 2 * 7) and a.inputs == b.inputs
         assert a.weights == b.weights and a.kv == b.kv
+
+
+def test_simulation_quantizes_inputs_and_stores_fp8_kv(ours):
+    ids = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(3))
+    runs = {}
+    for simulate in (True, False):
+        pair = load_trtllm_pair(ours / "fp8" / "target", ours / "fp8" / "draft", dtype="fp32", device="cpu",
+                                simulate=simulate)
+        cache = pair.target.new_cache(1, 24)
+        runs[simulate] = pair.target(ids, torch.arange(20)[None], cache, torch.tensor([0]))[0], cache
+    assert not torch.equal(runs[True][0], runs[False][0])  # the activation hooks fired
+    scale = load_file(str(ours / "fp8" / "target" / "rank0.safetensors"))[
+        "transformer.layers.0.attention.kv_cache_scaling_factor"]
+    for cache, on_grid in ((runs[True][1], True), (runs[False][1], False)):
+        k = cache.k[0]
+        assert torch.equal(nq.fp8_round_trip(k, scale), k) == on_grid  # cached K is e4m3 (x scale) or not
 
 
 @pytest.mark.parametrize("mode, min_cosine", [("fp8", 0.99), ("nvfp4", 0.9)])

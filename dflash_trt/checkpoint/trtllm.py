@@ -77,13 +77,8 @@ def _check_rank_file(file: Path, expected: Spec) -> None:
             )
 
 
-def read_trtllm(folder: str | Path) -> TrtllmCheckpoint:
-    """Parse config.json and check every rank file against it (headers only; nothing loaded)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder}: checkpoint folder not found")
-    where = folder / "config.json"
-    cfg = read_trtllm_config(where)
+def _check_config(cfg: TrtllmConfig, where: Path) -> None:
+    """Quantization this reader understands, and a layout the TP size and quantization allow."""
     if handler_for_algo(cfg.quant.quant_algo) is None:
         raise CheckpointError(f"{where}: field 'quantization.quant_algo': '{cfg.quant.quant_algo}' is not "
                               "supported; expected null, FP8 or NVFP4")
@@ -94,6 +89,15 @@ def read_trtllm(folder: str | Path) -> TrtllmCheckpoint:
     problem = check_quantizable(cfg)
     if problem:
         raise CheckpointError(f"{where}: field '{problem[0]}': {problem[1]}")
+
+
+def read_trtllm(folder: str | Path) -> TrtllmCheckpoint:
+    """Parse config.json and check every rank file against it (headers only; nothing loaded)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: checkpoint folder not found")
+    cfg = read_trtllm_config(folder / "config.json")
+    _check_config(cfg, folder / "config.json")
     ckpt = TrtllmCheckpoint(folder, cfg)
     expected = expected_tensors(cfg)
     for rank in range(cfg.tp_size):

@@ -12,7 +12,9 @@ Every rank then holds the same residual stream, taps and logits, runs the unchan
 
 Quantized checkpoints are dequantized to fp32 (then cast to the compute dtype). `simulate=True`
 also fake-quantizes every linear input with the checkpoint's activation scale (W8A8 FP8 / W4A4
-NVFP4, as the GPU GEMMs do) and rounds K/V through FP8 with `kv_cache_scaling_factor` (FP8 KV).
+NVFP4, as the GPU GEMMs do) and stores K/V in the caches rounded through FP8 with
+`kv_cache_scaling_factor` (FP8 KV). Modules are never fused here: the pre-forward hooks of
+q/k/v/gate/up must see their inputs.
 """
 
 from __future__ import annotations
@@ -78,18 +80,11 @@ class ParallelLMHead(nn.Module):
 
 
 class RankAttention(AttentionProjections):
-    """Local heads; row-parallel o_proj; K/V rounded through FP8 when `kv_scale` is set."""
+    """Local heads (q/k/v are column-parallel as they stand); o_proj row-parallel."""
 
     def __init__(self, dims):
         super().__init__(dims)
         self.o_proj = RowParallelLinear(dims.num_heads * dims.head_dim, dims.hidden_size, dims.attention_bias)
-        self.kv_scale: torch.Tensor | None = None  # fp32 [1], set by `_simulate`
-
-    def key_value(self, x, cos, sin):
-        k, v = super().key_value(x, cos, sin)
-        if self.kv_scale is None:
-            return k, v
-        return fp8_round_trip(k, self.kv_scale), fp8_round_trip(v, self.kv_scale)
 
 
 class RankMLP(MLP):
@@ -110,14 +105,45 @@ def _load(module: nn.Module, state: dict, dtype: torch.dtype, device) -> nn.Modu
     return module.to(device).eval().requires_grad_(False)
 
 
-def _simulate(module: nn.Module, layers: nn.ModuleList, rank: RankState, handler, device) -> None:
-    """Fake-quantize linear inputs (pre-forward hooks) and round K/V through FP8."""
+def fp8_kv_writes(cache, scales: dict[int, torch.Tensor]):
+    """Make `cache` store K/V rounded through e4m3 with each layer's scale: an FP8 KV cache.
+
+    Rounding at the write (not in attention) keeps exactly the FP8 semantics: what is cached is FP8,
+    the drafter's transient noise-block K/V are not."""
+    write = cache.write
+
+    def fp8_write(layer, slots, positions, k, v, valid=None):
+        scale = scales[layer]
+        return write(layer, slots, positions, fp8_round_trip(k, scale), fp8_round_trip(v, scale), valid)
+
+    cache.write = fp8_write  # instance attribute shadows the method
+    return cache
+
+
+class RankTarget(Target):
+    kv_scales: dict[int, torch.Tensor] | None = None  # set by `_simulate` for FP8 KV checkpoints
+
+    def new_cache(self, n_slots: int, capacity: int):
+        cache = super().new_cache(n_slots, capacity)
+        return cache if self.kv_scales is None else fp8_kv_writes(cache, self.kv_scales)
+
+
+class RankDraft(DFlashDraft):
+    kv_scales: dict[int, torch.Tensor] | None = None
+
+    def new_cache(self, n_slots: int, capacity: int):
+        cache = super().new_cache(n_slots, capacity)
+        return cache if self.kv_scales is None else fp8_kv_writes(cache, self.kv_scales)
+
+
+def _simulate(module: nn.Module, rank: RankState, handler, device) -> None:
+    """Fake-quantize linear inputs (pre-forward hooks) and store K/V as FP8 (cache writes)."""
     for name, scales in rank.activation_scales.items():
         scales = {k: v.to(device) for k, v in scales.items()}
         hook = (lambda s: lambda mod, args: (handler.fake_quant_input(args[0], s),))(scales)
         module.get_submodule(name).register_forward_pre_hook(hook)
-    for index, scale in rank.kv_scales.items():
-        layers[index].self_attn.kv_scale = scale.to(device)
+    if rank.kv_scales:
+        module.kv_scales = {layer: scale.to(device) for layer, scale in rank.kv_scales.items()}
 
 
 def build_target(ckpt: TrtllmCheckpoint, rank: int, dtype: torch.dtype, device, simulate: bool) -> Target:
@@ -125,13 +151,13 @@ def build_target(ckpt: TrtllmCheckpoint, rank: int, dtype: torch.dtype, device, 
     cfg = ckpt.config
     config = replace(cfg.model, dims=local_dims(cfg.model.dims, cfg.tp_size), tie_word_embeddings=False)
     with torch.device("meta"):
-        target = Target(config)
+        target = RankTarget(config)
         _swap_layers(target.model.layers, config.dims)
         target.lm_head = ParallelLMHead(config.dims.hidden_size, config.vocab_size, cfg.tp_size)
     state = load_rank(ckpt, rank)
     target = _load(target, state.state, dtype, device)
     if simulate:
-        _simulate(target, target.model.layers, state, handler_for_algo(cfg.quant.quant_algo), device)
+        _simulate(target, state, handler_for_algo(cfg.quant.quant_algo), device)
     return target
 
 
@@ -140,12 +166,12 @@ def build_draft(ckpt: TrtllmCheckpoint, rank: int, dtype: torch.dtype, device, s
     cfg = ckpt.config
     config = replace(cfg.model, dims=local_dims(cfg.model.dims, cfg.tp_size))
     with torch.device("meta"):
-        draft = DFlashDraft(config)
+        draft = RankDraft(config)
         _swap_layers(draft.layers, config.dims)
     state = load_rank(ckpt, rank)
     draft = _load(draft, state.state, dtype, device)
     if simulate:
-        _simulate(draft, draft.layers, state, handler_for_algo(cfg.quant.quant_algo), device)
+        _simulate(draft, state, handler_for_algo(cfg.quant.quant_algo), device)
     return draft
 
 
