@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_trt.kernels import twin
+from dflash_trt.kernels import host_build, twin
 from dflash_trt.kernels import verify as dispatch
 from dflash_trt.spec.sampling import gumbel, log_f32, sample_tokens, seed_as_int64, survivors
 from dflash_trt.spec.verify import verify_block
@@ -268,6 +268,45 @@ def test_twin_rejects_bad_shapes():
     with pytest.raises(AssertionError, match="drafts must be"):  # drafts [2, 3] for K = 2
         twin.verify_block_next(torch.zeros(2, 3, 5), torch.zeros(2, 3, dtype=torch.int64), start, temperature,
                                top_k, top_p, seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# The CUDA kernels themselves, on emulated thread blocks (twin/cta_emulator.cpp)
+# ---------------------------------------------------------------------------------------------
+
+MODES = [(0.0, 0, 1.0), (0.7, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.6), (0.9, 3, 0.8)]
+
+
+def misaligned(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """The same values in a buffer shifted by `offset` elements (rows lose 16-byte alignment)."""
+    flat = torch.empty(t.numel() + offset, dtype=t.dtype)
+    flat[offset:] = t.flatten()
+    return flat[offset:].view(t.shape)
+
+
+@pytest.mark.parametrize("vocab,k,offset", [(1, 0, 0), (6, 1, 1), (131, 3, 0), (2053, 1, 1), (4100, 1, 2)])
+def test_cuda_kernels_on_emulated_thread_blocks_match_the_twin(vocab, k, offset):
+    if host_build.cuda_include_dir() is None:
+        pytest.skip("CUDA headers not found (set CUDA_HOME)")
+    g = torch.Generator().manual_seed(vocab)
+    b = len(MODES)
+    logits, _, _, _, _, seed = random_rows(g, b * (k + 1), vocab)
+    logits = misaligned(logits.view(b, k + 1, vocab), offset)
+    temperature, top_k, top_p = (torch.tensor(c) for c in zip(*MODES))
+    args = (logits, torch.randint(0, vocab, (b, k), generator=g), torch.randint(0, 2**40, (b,), generator=g),
+            temperature.float(), top_k, top_p.float(), seed[:b].contiguous())
+    for got, want in zip(twin.emulated_verify_block_next(*args, 3), twin.verify_block_next(*args, 3)):
+        assert torch.equal(got, want)
+
+
+def test_emulated_kernels_on_adversarial_rows():
+    if host_build.cuda_include_dir() is None:
+        pytest.skip("CUDA headers not found (set CUDA_HOME)")
+    rows = torch.tensor([[NAN] * 6, [NAN, NEG_INF, NAN, NEG_INF, 1.0, 1.0], [NEG_INF] * 6, [-0.0, 0.0, 1e-45, 0, 0, 0]])
+    for temperature, top_k, top_p in [(0.0, 0, 1.0), (0.5, 0, 1.0), (2.0, 2, 1.0), (1.0, 0, 0.3), (1.0, 0, 0.0)]:
+        args = (rows[:, None, :].contiguous(), torch.zeros(4, 0, dtype=torch.int64),
+                *params(4, temperature, top_k, top_p, seed=2**64 - 3))
+        assert torch.equal(twin.emulated_verify_block_next(*args)[0], verify_block(*args)[0])
 
 
 # ---------------------------------------------------------------------------------------------

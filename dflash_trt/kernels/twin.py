@@ -1,40 +1,31 @@
-"""The CPU twin of the verify plugin: the kernels' own C++ row code, compiled for the host.
+"""The CPU twin of the verify plugin: the kernels' own C++ code, compiled for the host.
 
-plugins/dflash_verify/twin/verify_twin.cpp runs `row_select.h` (the code every CUDA thread block
-runs) on one host thread, so comparing the twin with the torch reference checks the kernel's
-logic on a CPU-only machine. It is built with plain `g++ -shared` (no torch extension, no CUDA)
-into a cache folder keyed by a hash of its sources, and loaded with ctypes.
+- `verify_block`, `sample_tokens`, `keep_mask`, `gumbel`, ...: plugins/dflash_verify/twin/
+  verify_twin.cpp runs `row_select.h` (the code every CUDA thread block runs) on one host thread,
+  so comparing the twin with the torch reference checks the kernel's logic on a CPU-only machine.
+- `emulated_verify_block_next`: twin/cta_emulator.cpp runs src/verify_kernels.cu itself, every
+  CUDA thread of a block a fiber, checking the CUDA layer (loads, shuffles, histograms) too.
 
-Inputs are CPU tensors with the shapes and dtypes of `dflash_trt.spec.verify.verify_block`.
+Both are plain `g++ -shared` libraries (see host_build.py) loaded with ctypes. Inputs are CPU
+tensors with the shapes and dtypes of `dflash_trt.spec.verify.verify_block`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
-from dflash_trt.errors import MissingDependencyError
+from dflash_trt.kernels import host_build
 
-PLUGIN_DIR = Path(__file__).resolve().parents[2] / "plugins" / "dflash_verify"
-SOURCES = ("twin/verify_twin.cpp", "include/dflash_verify/sampling_rule.h",
-           "include/dflash_verify/verify_args.h", "include/dflash_verify/row_select.h")
-CXXFLAGS = ("-std=c++17", "-O2", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math",
-            "-Wall", "-Wextra", "-Werror")
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 _p = ctypes.c_void_p
 _i32, _i64 = ctypes.c_int32, ctypes.c_int64
+_VERIFY = (_i32, [_p, _i32, _i32, _i32, _i32, _p, _i32, _p, _p, _p, _p, _p, _i64, _p, _p, _p, ctypes.c_char_p, _i32])
 _SIGNATURES = {
-    "dfv_twin_verify": (_i32, [_p, _i32, _i32, _i32, _i32, _p, _i32, _p, _p, _p, _p, _p, _i64, _p, _p, _p,
-                               ctypes.c_char_p, _i32]),
+    "dfv_twin_verify": _VERIFY,
     "dfv_twin_sample_rows": (None, [_p, _i32, _i64, _i32, _p, _p, _p, _p, _p, _p]),
     "dfv_twin_keep_mask": (None, [_p, _i64, _i32, _p, _p, _p, _p]),
     "dfv_twin_gumbel": (None, [_p, _p, _p, _i64, _p]),
@@ -43,47 +34,24 @@ _SIGNATURES = {
 }
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("DFLASH_TRT_CACHE_DIR") or Path.home() / ".cache" / "dflash_trt"
-    return Path(root) / "verify_twin"
-
-
-def source_hash() -> str:
-    digest = hashlib.sha256(" ".join(CXXFLAGS).encode())
-    for rel in SOURCES:
-        digest.update(rel.encode() + b"\0" + (PLUGIN_DIR / rel).read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def build(out_dir: Path | None = None) -> Path:
-    """Compile the twin if its sources changed since the last build; returns the .so path."""
-    if not (PLUGIN_DIR / SOURCES[0]).exists():
-        raise MissingDependencyError(f"plugin sources not found under {PLUGIN_DIR}; use a source checkout")
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        raise MissingDependencyError("no C++ compiler for the verify twin; install g++ (apt-get install g++)")
-    target = (out_dir or cache_dir() / source_hash()) / "libdflash_verify_twin.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    cmd = [cxx, *CXXFLAGS, f"-I{PLUGIN_DIR / 'include'}", str(PLUGIN_DIR / SOURCES[0]), "-o", tmp]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        os.unlink(tmp)
-        raise RuntimeError(f"building the verify twin failed:\n{' '.join(cmd)}\n{result.stderr}")
-    os.replace(tmp, target)  # atomic: concurrent builders never see a half-written library
-    return target
+def _load(lib: host_build.HostLibrary, signatures: dict) -> ctypes.CDLL:
+    handle = ctypes.CDLL(str(host_build.build(lib)))
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(handle, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return handle
 
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(build()))
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return lib
+    """The twin library (built on first use)."""
+    return _load(host_build.TWIN, _SIGNATURES)
+
+
+@functools.cache
+def emulator() -> ctypes.CDLL:
+    """The CTA emulator library (built on first use; needs the CUDA headers)."""
+    return _load(host_build.EMULATOR, {"dfv_emu_verify": _VERIFY})
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -95,17 +63,7 @@ def _prep(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.to(dtype).contiguous()
 
 
-def verify_block_next(
-    logits: torch.Tensor,  # [B, K+1, V] fp32 / fp16 / bf16
-    drafts: torch.Tensor,  # [B, K] int32 / int64
-    start: torch.Tensor,  # [B] int64
-    temperature: torch.Tensor,  # [B] fp32
-    top_k: torch.Tensor,  # [B] int64
-    top_p: torch.Tensor,  # [B] fp32
-    seed: torch.Tensor,  # [B] int64 (uint64 bits)
-    mask_token_id: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """tokens [B, K+1], accepted [B] and next_block_ids [B, K+1] = [t_a, mask x K] (int64)."""
+def _verify(fn, logits, drafts, start, temperature, top_k, top_p, seed, mask_token_id):
     assert logits.dim() == 3 and logits.dtype in DTYPES, f"logits must be [B, K+1, V] float, got {logits.shape}"
     b, width, vocab = logits.shape
     assert drafts.shape == (b, width - 1), f"drafts must be [B, K] = {(b, width - 1)}, got {tuple(drafts.shape)}"
@@ -119,12 +77,31 @@ def verify_block_next(
     accepted = torch.empty(b, dtype=torch.int64)
     next_ids = torch.empty(b, width, dtype=torch.int64)
     err = ctypes.create_string_buffer(256)
-    rc = library().dfv_twin_verify(
-        _ptr(logits), DTYPES[logits.dtype], b, width, vocab, _ptr(drafts), drafts.element_size(),
-        *(_ptr(a) for a in args), mask_token_id, _ptr(tokens), _ptr(accepted), _ptr(next_ids), err, len(err))
+    rc = fn(_ptr(logits), DTYPES[logits.dtype], b, width, vocab, _ptr(drafts), drafts.element_size(),
+            *(_ptr(a) for a in args), mask_token_id, _ptr(tokens), _ptr(accepted), _ptr(next_ids), err, len(err))
     if rc != 0:
         raise ValueError(f"verify twin rejected its arguments: {err.value.decode()}")
     return tokens, accepted, next_ids
+
+
+def verify_block_next(
+    logits: torch.Tensor,  # [B, K+1, V] fp32 / fp16 / bf16
+    drafts: torch.Tensor,  # [B, K] int32 / int64
+    start: torch.Tensor,  # [B] int64
+    temperature: torch.Tensor,  # [B] fp32
+    top_k: torch.Tensor,  # [B] int64
+    top_p: torch.Tensor,  # [B] fp32
+    seed: torch.Tensor,  # [B] int64 (uint64 bits)
+    mask_token_id: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tokens [B, K+1], accepted [B] and next_block_ids [B, K+1] = [t_a, mask x K] (int64)."""
+    return _verify(library().dfv_twin_verify, logits, drafts, start, temperature, top_k, top_p, seed, mask_token_id)
+
+
+def emulated_verify_block_next(logits, drafts, start, temperature, top_k, top_p, seed, mask_token_id: int = 0):
+    """`verify_block_next` through the CUDA kernels themselves, on emulated thread blocks (slow:
+    about 20 ms per logits row; for tests)."""
+    return _verify(emulator().dfv_emu_verify, logits, drafts, start, temperature, top_k, top_p, seed, mask_token_id)
 
 
 def verify_block(logits, drafts, start, temperature, top_k, top_p, seed):

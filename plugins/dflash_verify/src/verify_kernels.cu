@@ -186,7 +186,7 @@ class CtaBlock {
   template <class T, class Q, class F>
   __device__ static void apply(const Q& raw, int32_t v0, F& f) {
     T vals[4];
-    memcpy(vals, &raw, sizeof raw);
+    memcpy(static_cast<void*>(vals), &raw, sizeof raw);
 #pragma unroll
     for (int k = 0; k < 4; ++k) f(v0 + k, to_float(vals[k]));
   }
@@ -214,6 +214,8 @@ __global__ void accept_kernel(VerifyArgs args) {
 
 }  // namespace
 
+#if !defined(DFV_HOST_EMULATION)  // twin/cta_emulator.cpp runs the kernels above on the CPU
+
 cudaError_t launch_verify(const VerifyArgs& args, cudaStream_t stream) {
   if (check_args(args) != nullptr) return cudaErrorInvalidValue;
   if (args.batch == 0) return cudaSuccess;
@@ -236,5 +238,7 @@ cudaError_t launch_verify(const VerifyArgs& args, cudaStream_t stream) {
 }
 
 const char* describe_args_error(const VerifyArgs& args) { return check_args(args); }
+
+#endif  // !DFV_HOST_EMULATION
 
 }  // namespace dfv

@@ -1,0 +1,98 @@
+"""Compile the verify plugin's host-side test libraries with plain g++ (no torch extension, no nvcc).
+
+Two libraries, each cached under ``$DFLASH_TRT_CACHE_DIR`` (default ~/.cache/dflash_trt) in a
+folder named by a hash of its sources and flags, so an edit to any source rebuilds it:
+
+- ``TWIN``: twin/verify_twin.cpp, the kernels' row code (row_select.h) on one host thread;
+- ``EMULATOR``: twin/cta_emulator.cpp, src/verify_kernels.cu itself with every CUDA thread of a
+  block run as a fiber; needs only the CUDA toolkit's headers (cuda_runtime.h, cuda_fp16.h).
+
+Both are built with -ffp-contract=off: every a*b+c stays two roundings, like __fmul_rn/__fadd_rn.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_trt.errors import MissingDependencyError
+
+PLUGIN_DIR = Path(__file__).resolve().parents[2] / "plugins" / "dflash_verify"
+HEADERS = ("include/dflash_verify/sampling_rule.h", "include/dflash_verify/verify_args.h",
+           "include/dflash_verify/row_select.h", "include/dflash_verify/verify.h")
+COMMON_FLAGS = ("-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-Wall", "-Wextra", "-Werror")
+
+
+@dataclass(frozen=True)
+class HostLibrary:
+    filename: str  # the .so
+    main: str  # source compiled, relative to PLUGIN_DIR
+    sources: tuple[str, ...]  # everything hashed, relative to PLUGIN_DIR
+    flags: tuple[str, ...]
+    needs_cuda_headers: bool = False
+
+
+TWIN = HostLibrary("libdflash_verify_twin.so", "twin/verify_twin.cpp", ("twin/verify_twin.cpp", *HEADERS),
+                   (*COMMON_FLAGS, "-O2"))
+EMULATOR = HostLibrary("libdflash_verify_emu.so", "twin/cta_emulator.cpp",
+                       ("twin/cta_emulator.cpp", "src/verify_kernels.cu", *HEADERS),
+                       (*COMMON_FLAGS, "-O1", "-Wno-unknown-pragmas"), needs_cuda_headers=True)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DFLASH_TRT_CACHE_DIR") or Path.home() / ".cache" / "dflash_trt") / "verify_host"
+
+
+def cuda_include_dir() -> Path | None:
+    """The CUDA toolkit's include folder (cuda_runtime.h), or None."""
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        roots.append(str(Path(nvcc).resolve().parents[1]))
+    roots += sorted(glob.glob("/usr/local/cuda-*"), reverse=True)
+    for root in filter(None, roots):
+        for inc in (Path(root) / "include", *Path(root).glob("targets/*/include")):
+            if (inc / "cuda_runtime.h").exists() and (inc / "cuda_bf16.h").exists():
+                return inc
+    return None
+
+
+def _hash(lib: HostLibrary, extra: tuple[str, ...]) -> str:
+    digest = hashlib.sha256(" ".join((*lib.flags, *extra)).encode())
+    for rel in lib.sources:
+        digest.update(rel.encode() + b"\0" + (PLUGIN_DIR / rel).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def build(lib: HostLibrary) -> Path:
+    """Compile `lib` unless a build of the same sources exists; returns the .so path."""
+    if not (PLUGIN_DIR / lib.main).exists():
+        raise MissingDependencyError(f"plugin sources not found under {PLUGIN_DIR}; use a source checkout")
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        raise MissingDependencyError("no C++ compiler for the verify twin; install g++ (apt-get install g++)")
+    includes = (f"-I{PLUGIN_DIR / 'include'}",)
+    if lib.needs_cuda_headers:
+        cuda = cuda_include_dir()
+        if cuda is None:
+            raise MissingDependencyError("CUDA headers not found (set CUDA_HOME); the CTA emulator needs them")
+        includes += (f"-isystem{cuda}",)
+    target = cache_root() / _hash(lib, includes) / lib.filename
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [cxx, *lib.flags, *includes, str(PLUGIN_DIR / lib.main), "-o", tmp]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        os.unlink(tmp)
+        raise RuntimeError(f"building {lib.filename} failed:\n{' '.join(cmd)}\n{result.stderr}")
+    os.replace(tmp, target)  # atomic: concurrent builders never see a half-written library
+    return target
