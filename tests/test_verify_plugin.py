@@ -1,8 +1,9 @@
-"""The verification plugin against the torch reference: CPU twin, nvcc build, CUDA kernel.
+"""The verification plugin against the torch reference: CPU twin, emulated kernels, nvcc, GPU.
 
 The CPU twin runs the kernels' own row code (plugins/dflash_verify/include/dflash_verify/
-row_select.h) on the host, so twin == reference on CPU checks the kernel logic here; the `gpu`
-tests check kernel == reference (and kernel == twin) on a CUDA machine. Token choices must agree
+row_select.h) on the host, so twin == reference on CPU checks the kernel logic here; the CTA
+emulator runs verify_kernels.cu itself on fiber "threads" (twin == emulator checks the CUDA layer);
+the `gpu` tests check kernel == reference (and kernel == twin) on a CUDA machine. Token choices must agree
 bit for bit. The one legitimate source of disagreement is a top-p boundary: the reference sums
 softmax probabilities in fp32 (torch's exp and cumsum), the kernel sums fixed-point masses, so a
 random top_p within ~1e-7 of a cumulative mass could split them; the random cases below never hit

@@ -52,7 +52,7 @@ def build(arch: str | None = None, out_dir: Path = DEFAULT_OUT, verbose: bool = 
         sources=[str(PLUGIN_DIR / "torch" / "verify_op.cpp"), str(PLUGIN_DIR / "src" / "verify_kernels.cu")],
         extra_include_paths=[str(PLUGIN_DIR / "include")],
         extra_cflags=["-O3"],
-        extra_cuda_cflags=["-O3", "-Werror", "all-warnings"],
+        extra_cuda_cflags=["-O3"],  # -Werror lives in CI (tests/test_verify_plugin.py), not here
         build_directory=str(out_dir),
         is_python_module=False,
         verbose=verbose,
