@@ -39,8 +39,8 @@ def test_ragged_write_skips_invalid_entries():
     k = torch.ones(2, 3, 2, 4)
     valid = torch.tensor([[True, True, False], [True, False, False]])
     cache.write(0, torch.tensor([0, 1]), torch.tensor([[0, 1, 2], [0, 1, 2]]), k, k, valid)
-    assert cache.k[0, 0, :, 0, 0].tolist()[:3] == [1, 1, 0]
-    assert cache.k[0, 1, :, 0, 0].tolist()[:3] == [1, 0, 0]
+    assert cache.k[0, 0, 0, :, 0].tolist()[:3] == [1, 1, 0]
+    assert cache.k[0, 1, 0, :, 0].tolist()[:3] == [1, 0, 0]
 
 
 def test_write_past_capacity_is_an_error():

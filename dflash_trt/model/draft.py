@@ -47,16 +47,13 @@ class DraftLayer(nn.Module):
                 ok &= -rel < self.window
         return ok[:, None]
 
-    def forward(self, x, rope, cache: KVCache, layer: int, slots, ctx_len, block_pos):
+    def forward(self, x, rope, cache: KVCache, layer: int, slots, s_ctx: int, visible):
         h = self.input_layernorm(x)
-        q = self.self_attn.query(h, *rope)
-        k_blk, v_blk = self.self_attn.key_value(h, *rope)
-        s_ctx = int(ctx_len.max())
+        q, k_blk, v_blk = self.self_attn.query_key_value(h, *rope)
         k_ctx, v_ctx = cache.read(layer, slots, s_ctx)
         keys = torch.cat([k_ctx, k_blk.transpose(1, 2)], dim=2)
         values = torch.cat([v_ctx, v_blk.transpose(1, 2)], dim=2)
-        ctx_pos = torch.arange(s_ctx, device=x.device)
-        x = x + self.self_attn.attend(q, keys, values, self.visible(block_pos, ctx_pos, ctx_len, block_pos))
+        x = x + self.self_attn.attend(q, keys, values, visible)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -70,6 +67,13 @@ class DFlashDraft(nn.Module):
         self.fc = nn.Linear(len(config.target_layer_ids) * d.hidden_size, d.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
         self.rotary = Rotary(d.rope, d.head_dim)
+
+    def fuse(self) -> "DFlashDraft":
+        """Fuse q/k/v and gate/up matmuls for inference (parameters keep their HF names)."""
+        for layer in self.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self
 
     def new_cache(self, n_slots: int, capacity: int) -> KVCache:
         d = self.config.dims
@@ -99,10 +103,16 @@ class DFlashDraft(nn.Module):
         slots: torch.Tensor,  # [B]
     ) -> torch.Tensor:  # [B, Q, H] after the draft norm
         ctx_len = cache.get_pos(slots)
+        s_ctx = int(ctx_len.max())
+        ctx_pos = torch.arange(s_ctx, device=ctx_len.device)
         x = noise_embedding.to(self.fc.weight.dtype) * self.config.input_embedding_scale
         rope = self.rotary(block_positions, x.dtype)
+        masks = {}  # one mask per distinct (causal, window) layer kind
         for i, layer in enumerate(self.layers):
-            x = layer(x, rope, cache, i, slots, ctx_len, block_positions)
+            kind = (layer.is_causal, layer.window)
+            if kind not in masks:
+                masks[kind] = layer.visible(block_positions, ctx_pos, ctx_len, block_positions)
+            x = layer(x, rope, cache, i, slots, s_ctx, masks[kind])
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Static per-slot KV cache; rewind is only a length change.
 
-Layout: k, v are [n_layers, n_slots, capacity, n_kv_heads, head_dim] (sequence before heads, so
-a write is one index_put over (slot, position) pairs). `lengths[slot]` is the committed length:
+Layout: k, v are [n_layers, n_slots, n_kv_heads, capacity, head_dim], so a slot's read is a view
+in the [B, heads, S, D] layout attention wants; a write is one index_put over (slot, position) pairs. `lengths[slot]` is the committed length:
 positions >= length may hold stale K/V from rejected drafts. The target never reads them (its
 mask is causal in absolute positions and writes happen before reads); the drafter masks its
 context by `lengths`. API (nanochat's KVCache): `reset`, `advance(n)`, `crop(pos)`, `get_pos`.
@@ -23,7 +23,7 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ):
-        shape = (n_layers, n_slots, capacity, n_kv_heads, head_dim)
+        shape = (n_layers, n_slots, n_kv_heads, capacity, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.lengths = torch.zeros(n_slots, dtype=torch.int64, device=device)  # [n_slots]
@@ -61,15 +61,14 @@ class KVCache:
         rows = slots[:, None].expand_as(positions)
         if valid is not None:
             rows, positions, k, v = rows[valid], positions[valid], k[valid], v[valid]
-        self.k[layer][rows, positions] = k.to(self.k.dtype)
-        self.v[layer][rows, positions] = v.to(self.v.dtype)
+        # advanced indices around a slice: the indexed dims come first, i.e. [B, T, heads, D] like k
+        self.k[layer][rows, :, positions] = k.to(self.k.dtype)
+        self.v[layer][rows, :, positions] = v.to(self.v.dtype)
 
     def read(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, kv_heads, length, D] for positions 0..length-1 of each slot."""
         first = int(slots[0])
         if slots.numel() == 1 or bool((slots[1:] - slots[:-1] == 1).all()):
-            k = self.k[layer, first : first + slots.numel(), :length]
-            v = self.v[layer, first : first + slots.numel(), :length]
-        else:
-            k, v = self.k[layer, slots, :length], self.v[layer, slots, :length]
-        return k.transpose(1, 2), v.transpose(1, 2)
+            n = slots.numel()
+            return self.k[layer, first : first + n, :, :length], self.v[layer, first : first + n, :, :length]
+        return self.k[layer, slots, :, :length], self.v[layer, slots, :, :length]

@@ -22,6 +22,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one op; same bits as below in fp32
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -48,17 +50,29 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
-    """cos / sin tables for absolute positions, computed per call like HF (fp32 outer product)."""
+    """cos / sin for absolute positions: a table grown on demand, entries computed exactly as HF does
+    per call (fp32 outer product position x inv_freq), so a lookup equals HF's values bit for bit."""
 
     def __init__(self, rope: RopeConfig, head_dim: int):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(rope, head_dim), persistent=False)
+        self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _table(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self._tables.get(dtype, (None, None))
+        if cos is None or cos.shape[0] < length or cos.device != self.inv_freq.device:
+            size = max(length, 2 * (cos.shape[0] if cos is not None else 256))
+            positions = torch.arange(size, device=self.inv_freq.device).float()
+            freqs = positions[:, None] * self.inv_freq.float()[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+            self._tables[dtype] = (cos, sin)
+        return cos, sin
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [B, T] -> cos, sin [B, 1, T, head_dim] (broadcast over heads)."""
-        freqs = positions.float()[..., None] * self.inv_freq.float()
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+        cos, sin = self._table(int(positions.max()) + 1, dtype)
+        return cos[positions][:, None], sin[positions][:, None]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -76,8 +90,30 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
 
+        self.gate_up: torch.Tensor | None = None  # [2I, H] fused weight (views back the HF params)
+
+    def fuse(self) -> None:
+        """One matmul for gate and up: concatenate the weights, make the HF params views of it."""
+        if self.gate_proj.bias is not None or self.gate_up is not None:
+            return
+        self.gate_up = _fuse_linears(self.gate_proj, self.up_proj)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None:
+            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _fuse_linears(*linears: nn.Linear) -> torch.Tensor:
+    """Concatenate weights [out_i, in] -> [sum out_i, in]; the Linears' weights become views of it."""
+    fused = torch.cat([lin.weight.detach() for lin in linears], dim=0)
+    start = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight = nn.Parameter(fused[start : start + n], requires_grad=False)
+        start += n
+    return fused
 
 
 class AttentionProjections(nn.Module):
@@ -93,20 +129,45 @@ class AttentionProjections(nn.Module):
         self.o_proj = nn.Linear(dims.num_heads * hd, h, bias=bias)
         self.q_norm = RMSNorm(hd, dims.rms_norm_eps) if dims.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(hd, dims.rms_norm_eps) if dims.qk_norm else nn.Identity()
+        self.qkv: torch.Tensor | None = None  # [q + 2 kv, H] fused weight (views back the HF params)
+        self.splits = (dims.num_heads * hd, dims.num_kv_heads * hd, dims.num_kv_heads * hd)
+
+    def fuse(self) -> None:
+        """One matmul for q, k, v (inference): the HF params become views of one fused weight."""
+        if self.q_proj.bias is not None or self.qkv is not None:
+            return
+        self.qkv = _fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+
+    def _shape_q(self, q: torch.Tensor, cos, sin) -> torch.Tensor:
+        b, t, _ = q.shape
+        q = self.q_norm(q.view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)
+        return apply_rotary(q, cos, sin)
+
+    def _shape_kv(self, k: torch.Tensor, v: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        b, t, _ = k.shape
+        k = self.k_norm(k.view(b, t, self.num_kv_heads, self.head_dim))
+        k = apply_rotary(k, cos.transpose(1, 2), sin.transpose(1, 2))
+        return k, v.view(b, t, self.num_kv_heads, self.head_dim)
+
+    def query_key_value(self, x: torch.Tensor, cos, sin):
+        """x [B, T, H] -> q [B, heads, T, D]; k, v [B, T, kv_heads, D] (normed, rotated)."""
+        if self.qkv is not None:
+            q, k, v = F.linear(x, self.qkv).split(self.splits, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return (self._shape_q(q, cos, sin), *self._shape_kv(k, v, cos, sin))
 
     def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [B, T, H] -> q [B, heads, T, D], normed and rotated."""
-        b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)
-        return apply_rotary(q, cos, sin)
+        return self._shape_q(self.q_proj(x), cos, sin)
 
     def key_value(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, T, H] -> k, v [B, T, kv_heads, D]; k normed and rotated (cache layout)."""
-        b, t, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim))
-        k = apply_rotary(k, cos.transpose(1, 2), sin.transpose(1, 2))
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        return k, v
+        if self.qkv is not None:
+            k, v = F.linear(x, self.qkv[self.splits[0] :]).split(self.splits[1:], dim=-1)
+        else:
+            k, v = self.k_proj(x), self.v_proj(x)
+        return self._shape_kv(k, v, cos, sin)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
         """q [B, heads, T, D]; k, v [B, kv_heads, S, D]; visible [B, 1, T, S] bool -> [B, T, H]."""

@@ -31,11 +31,11 @@ def load_target(ckpt: TargetCheckpoint, dtype: torch.dtype = torch.float32, devi
     target = _load(target, state, device)
     if config.tie_word_embeddings:
         target.lm_head.weight = target.model.embed_tokens.weight
-    return target
+    return target.fuse()
 
 
 def load_draft(ckpt: DraftCheckpoint, dtype: torch.dtype = torch.float32, device="cpu") -> DFlashDraft:
     names = [n for n in ckpt.weights.names() if not n.endswith("rotary_emb.inv_freq")]
     with torch.device("meta"):
         draft = DFlashDraft(ckpt.config)
-    return _load(draft, ckpt.weights.load(names, dtype), device)
+    return _load(draft, ckpt.weights.load(names, dtype), device).fuse()

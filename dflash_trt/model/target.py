@@ -31,8 +31,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, rope, cache: KVCache, layer: int, slots, positions, visible):
         h = self.input_layernorm(x)
-        q = self.self_attn.query(h, *rope)
-        k, v = self.self_attn.key_value(h, *rope)
+        q, k, v = self.self_attn.query_key_value(h, *rope)
         cache.write(layer, slots, positions, k, v)
         keys, values = cache.read(layer, slots, visible.shape[-1])
         x = x + self.self_attn.attend(q, keys, values, visible)
@@ -62,6 +61,13 @@ class Target(nn.Module):
         d = self.config.dims
         w = self.lm_head.weight
         return KVCache(d.num_layers, n_slots, capacity, d.num_kv_heads, d.head_dim, w.dtype, w.device)
+
+    def fuse(self) -> "Target":
+        """Fuse q/k/v and gate/up matmuls for inference (parameters keep their HF names)."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(tokens)
