@@ -324,6 +324,27 @@ def test_kernels_compile_for_hopper_and_blackwell_without_warnings(nvcc_job):
     assert out.stat().st_size > 0
 
 
+def tensorrt_include_dir() -> Path | None:
+    roots = [os.environ.get("TENSORRT_ROOT"), "/usr", "/usr/local/tensorrt", "/opt/tensorrt"]
+    for root in filter(None, roots):
+        for inc in (Path(root) / "include", *Path(root).glob("include/*-linux-gnu")):
+            if (inc / "NvInferRuntime.h").exists():
+                return inc
+    return None
+
+
+def test_tensorrt_plugin_compiles_against_the_tensorrt_headers():
+    trt, cuda = tensorrt_include_dir(), host_build.cuda_include_dir()
+    if trt is None or cuda is None:
+        pytest.skip("TensorRT headers (set TENSORRT_ROOT) or CUDA headers not found")
+    cxx = shutil.which("g++") or shutil.which("c++")
+    for static in ([], ["-DDFV_TRT_STATIC_REGISTRATION"]):
+        cmd = [cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", *static, f"-isystem{trt}",
+               f"-isystem{cuda}", f"-I{PLUGIN / 'include'}", str(PLUGIN / "tensorrt" / "dflash_verify_plugin.cpp")]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: the CUDA kernel itself (skipped without CUDA and a built torch op)
 # ---------------------------------------------------------------------------------------------

@@ -194,6 +194,13 @@ nvinfer1::IPluginV3* DFlashVerifyPluginCreator::createPlugin(const char*, const 
 
 }  // namespace dfv_trt
 
+#if defined(DFV_TRT_STATIC_REGISTRATION)
+// Register at load time (dlopen / ctypes.CDLL is enough); needs libnvinfer at link time.
+namespace dfv_trt {
+REGISTER_TENSORRT_PLUGIN(DFlashVerifyPluginCreator);
+}  // namespace dfv_trt
+#endif
+
 // Entry points for IPluginRegistry::loadLibrary / trtexec --dynamicPlugins.
 extern "C" __attribute__((visibility("default"))) void setLoggerFinder(nvinfer1::ILoggerFinder* finder) {
   dfv_trt::g_logger_finder = finder;
