@@ -71,8 +71,10 @@ class ConvertConfig:
             raise field_error(path, unknown[0], "unknown field")
         try:
             return cls(**data)
-        except TypeError as exc:
+        except TypeError as exc:  # a required field is missing
             raise ConfigError(f"{path}: {exc}") from None
+        except ConfigError as exc:  # __post_init__ names the default file name; name the real one
+            raise ConfigError(exc.message.replace(f"{CONFIG_FILE}:", f"{path}:", 1)) from None
 
 
 @dataclass

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 import dflash_trt.convert as convert_module
 from dflash_trt.cli import cli
 from dflash_trt.convert import ConvertConfig, convert
-from dflash_trt.errors import CheckpointError, DFlashTrtError
+from dflash_trt.errors import CheckpointError, ConfigError, DFlashTrtError
 from dflash_trt.runtime.tp import load_trtllm_pair
 from test_convert import one_thread, run_convert  # noqa: F401  (autouse fixture)
 from tiny_models import make_draft, make_target
@@ -104,6 +104,18 @@ def test_existing_output_folder_is_left_alone(pair, tmp_path):
     (out / "keep.txt").write_text("mine")
     _assert_one_line_error(_convert(*pair, out), str(out), "already exists")
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_convert_config_fields_are_validated_with_file_and_field(tmp_path):
+    with pytest.raises(ConfigError, match=r"field 'quant': 'int4' is not one of \['fp8', 'none', 'nvfp4'\]"):
+        ConvertConfig("t", "d", "o", quant="int4")
+    path = tmp_path / "convert_config.json"
+    path.write_text(json.dumps({"target": "t", "draft": "d", "out": "o", "tp": 0}))
+    with pytest.raises(ConfigError, match=f"{path}: field 'tp': expected an integer >= 1, got 0"):
+        ConvertConfig.load(path)
+    path.write_text(json.dumps({"target": "t", "draft": "d", "out": "o", "tpp": 2}))
+    with pytest.raises(ConfigError, match="field 'tpp': unknown field"):
+        ConvertConfig.load(path)
 
 
 def test_failure_while_writing_leaves_nothing_behind(pair, tmp_path, monkeypatch):
