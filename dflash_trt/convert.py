@@ -10,6 +10,7 @@ Output folder (written into a temp folder beside `out`, renamed into place only 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -148,6 +149,14 @@ def _write(tmp: Path, config: ConvertConfig, parts, info: dict | None, amax) -> 
     return count
 
 
+def _plain_permissions(folder: Path) -> None:
+    """mkdtemp makes a 0700 folder and safetensors writes 0600 files: give the artifact the umask's modes."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def convert(config: ConvertConfig) -> ConvertResult:
     """Read and check the HF pair, calibrate if quantizing, write the TRT-LLM pair atomically."""
     t0 = time.perf_counter()
@@ -165,6 +174,7 @@ def convert(config: ConvertConfig) -> ConvertResult:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         count = _write(tmp, config, parts, info, amax)
+        _plain_permissions(tmp)
         if out.exists():
             out.rmdir()  # empty (checked above)
         tmp.rename(out)

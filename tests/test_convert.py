@@ -1,6 +1,7 @@
 """BF16 / FP32 TensorRT-LLM checkpoints: layout, names, TP shards, and the torch runner equals HF."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -163,6 +164,24 @@ def test_tp2_shards_duplicate_kv_heads_and_pad_the_vocabulary(mqa_tp2):
     assert torch.equal(ranks[1]["lm_head.weight"][-1], torch.zeros(64))  # padding row 255
     assert torch.equal(ranks[1]["lm_head.weight"][:-1], hf["lm_head.weight"][128:])
     assert read_trtllm(out / "draft").config.tp_size == 2
+
+
+def test_text_calibration_prompts_and_tokenizer_files_travel_with_the_target(tiny_pair, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    target = tmp_path / "target"
+    shutil.copytree(tiny_pair[0], target)
+    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(256)}, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(target / "tokenizer.json"))
+    (target / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    calib = tmp_path / "calib.jsonl"
+    calib.write_text(json.dumps({"text": "w1 w2 w3 w4"}) + "\n" + json.dumps({"token_ids": [5, 6, 7]}) + "\n")
+    run_convert(target, tiny_pair[1], tmp_path / "out", quant="fp8", calib_data=str(calib))
+    assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in (tmp_path / "out" / "target").iterdir()}
+    assert json.loads((tmp_path / "out" / "calibration.json").read_text())["prompts"] == 2
+    pair = load_trtllm_pair(tmp_path / "out" / "target", tmp_path / "out" / "draft", device="cpu")
+    assert pair.tokenizer.encode("w7 w8", add_special_tokens=False) == [7, 8]
 
 
 def test_convert_config_round_trips_beside_the_artifact(converted, tiny_pair):
