@@ -7,7 +7,8 @@
 #   3. pytest: kernel-versus-reference tests (-m gpu) and the CPU twin / dispatch tests;
 #   4. micro-benchmark: latency at B=1, K=15, V=151936 and read bandwidth at B=64;
 #   5. one JSON report: $OUT_DIR/gpu_check.json (logs beside it).
-# Usage: scripts/gpu_check.sh [OUT_DIR]   (default out/gpu_check; env: CUDA_ARCHS="90a;100a;120a",
+# Usage: scripts/gpu_check.sh [OUT_DIR]   (default out/gpu_check; env: CUDA_ARCHS (default
+#        "90a;100a;120a" if nvcc knows sm_120, else the visible GPU's arch),
 #        TENSORRT_ROOT=/path/to/TensorRT, PYTHON=python, BENCH_ITERS=200)
 # Exit status: 0 only if the build, every test and the benchmark's agreement check passed.
 set -euo pipefail
@@ -17,7 +18,6 @@ OUT_DIR=${1:-out/gpu_check}
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 PYTHON=${PYTHON:-python}
-CUDA_ARCHS=${CUDA_ARCHS:-90a;100a;120a}
 BUILD_DIR=$ROOT/plugins/dflash_verify/build
 if [ -z "${VIRTUAL_ENV:-}" ] && [ -f .venv/bin/activate ]; then . .venv/bin/activate; fi
 
@@ -37,6 +37,11 @@ if not torch.cuda.is_available():
 print(f"torch {torch.__version__} (CUDA {torch.version.cuda}) on {torch.cuda.get_device_name(0)}")
 EOF
 nvcc --version | tail -n 2
+if [ -z "${CUDA_ARCHS:-}" ]; then  # all three where nvcc knows them (CUDA >= 12.8), else this GPU's
+  if nvcc --list-gpu-code | grep -q sm_120; then CUDA_ARCHS="90a;100a;120a"; else
+    CUDA_ARCHS=$("$PYTHON" -c "import torch; M, m = torch.cuda.get_device_capability(); print(f'{M}{m}a' if M >= 9 else f'{M}{m}')")
+  fi
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
 
 step "cmake build (archs: $CUDA_ARCHS)"
