@@ -8,7 +8,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from dflash_trt.checkpoint.hf import read_draft
+from dflash_trt.checkpoint.hf import read_draft, read_target
 from dflash_trt.checkpoint.trtllm import load_rank, read_trtllm
 from dflash_trt.checkpoint.trtllm_config import read_trtllm_config
 from dflash_trt.cli import cli
@@ -108,6 +108,7 @@ def test_target_tensors_follow_trtllm_names(converted, tiny_pair):
     assert config["architecture"] == "Qwen3ForCausalLM" and config["qwen_type"] == "qwen3"
     assert config["mapping"] == {"world_size": 1, "tp_size": 1, "pp_size": 1}
     assert config["quantization"]["quant_algo"] is None and config["dtype"] == "float32"
+    assert read_trtllm_config(converted["qwen3"] / "target" / "config.json").model == read_target(tiny_pair[0]).config
 
 
 def test_llama_biases_fuse_and_tied_lm_head_is_written(converted, llama_pair):
@@ -120,6 +121,7 @@ def test_llama_biases_fuse_and_tied_lm_head_is_written(converted, llama_pair):
     config = json.loads((converted["llama"] / "target" / "config.json").read_text())
     assert config["architecture"] == "LlamaForCausalLM" and "qwen_type" not in config
     assert config["rotary_scaling"]["rope_type"] == "llama3" and config["rotary_base"] == 500000.0
+    assert read_trtllm_config(converted["llama"] / "target" / "config.json").model == read_target(llama_pair[0]).config
 
 
 def test_draft_checkpoint_naming_and_dflash_settings(converted, tiny_pair):
