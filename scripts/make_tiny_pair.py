@@ -92,10 +92,13 @@ def train_target(work: Path, stream: torch.Tensor, steps: int, seed: int, batch:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
                             lr=3e-3, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(seed)
-    losses, t0 = [], time.perf_counter()
+    losses, t0, start = [], time.perf_counter(), 0
+    ckpt = work / "target_ckpt.safetensors"
+    if ckpt.is_file():  # resume: weights, AdamW moments, step and data generator state
+        start = _load_target_ckpt(ckpt, model, opt, g)
     with Progress() as progress:
-        task = progress.add_task("train target", total=steps)
-        for step in range(steps):
+        task = progress.add_task("train target", total=steps, completed=start)
+        for step in range(start, steps):
             starts = torch.randint(0, len(stream) - seq - 1, (batch,), generator=g)
             x = torch.stack([stream[s : s + seq] for s in starts])
             for group in opt.param_groups:
@@ -105,11 +108,51 @@ def train_target(work: Path, stream: torch.Tensor, steps: int, seed: int, batch:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
             progress.update(task, advance=1, description=f"train target loss {sum(losses[-20:]) / len(losses[-20:]):.3f}")
+            if (step + 1) % 25 == 0:
+                print(f"step {step + 1}/{steps} loss {sum(losses[-25:]) / 25:.3f} "
+                      f"{time.perf_counter() - t0:.0f} s", flush=True)
+            if (step + 1) % 100 == 0:
+                _save_target_ckpt(ckpt, model, opt, g, step + 1)
     model.to(torch.bfloat16).save_pretrained(work / "target")
+    losses = losses or [float("nan")]
     return {"steps": steps, "batch": batch, "seq_len": seq, "final_loss": sum(losses[-50:]) / 50,
             "seconds": round(time.perf_counter() - t0), "params": sum(p.numel() for p in model.parameters())}
+
+
+def _save_target_ckpt(path: Path, model, opt, g: torch.Generator, step: int) -> None:
+    """Resumable target-training state as safetensors (weights, AdamW moments) + step and RNG."""
+    from safetensors.torch import save_file
+
+    tensors = {f"model.{k}": v.contiguous() for k, v in model.state_dict().items() if "lm_head" not in k}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            state = opt.state.get(p, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state:
+                    tensors[f"opt.{names[id(p)]}.{key}"] = state[key].contiguous()
+    tensors["rng"] = g.get_state()
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata={"step": str(step)})
+    tmp.replace(path)
+
+
+def _load_target_ckpt(path: Path, model, opt, g: torch.Generator) -> int:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    with safe_open(str(path), framework="pt") as f:
+        step = int(f.metadata()["step"])
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=False)
+    for name, p in model.named_parameters():
+        if f"opt.{name}.exp_avg" in tensors:
+            opt.state[p] = {"step": torch.tensor(float(step)), "exp_avg": tensors[f"opt.{name}.exp_avg"],
+                            "exp_avg_sq": tensors[f"opt.{name}.exp_avg_sq"]}
+    g.set_state(tensors["rng"])
+    return step
 
 
 def cut_prompts(work: Path, files: list[Path], n: int, length: int, seed: int, name: str) -> Path:
@@ -151,12 +194,13 @@ def main() -> None:
     ap.add_argument("--stage", choices=["tokenizer", "target", "draft", "prompts", "all"], default="all")
     ap.add_argument("--work", type=Path, default=ROOT / "out" / "tiny_pair")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--target-steps", type=int, default=1500)
+    ap.add_argument("--target-steps", type=int, default=800)
     ap.add_argument("--draft-steps", type=int, default=2000)
     ap.add_argument("--draft-layers", type=int, default=1)
     ap.add_argument("--draft-samples", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is robust on a shared 2-core box)")
     args = ap.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     train_files, held_files = stdlib_files()
     log_path = args.work / "make_log.json"

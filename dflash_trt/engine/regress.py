@@ -107,7 +107,12 @@ def print_table(outcomes: list[Outcome]) -> None:
     for o in outcomes:
         table.add_row(o.name, f"[{colors[o.status]}]{o.status}[/]", _num(o.tau), _num(o.baseline_tau),
                       f"{o.size / 1e6:.2f}" if o.size else "-", "; ".join(o.details))
-    Console().print(table)
+    console = Console(width=160)
+    console.print(table)
+    for o in outcomes:
+        if o.status == "fail":
+            for problem in o.details:
+                console.print(f"{o.name}: {problem}", soft_wrap=True)
 
 
 def _num(value: float | None) -> str:
