@@ -117,10 +117,15 @@ def test_killed_build_leaves_no_partial_bundle(tmp_path, tiny_pair):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bundle.tmp-")]
 
 
-def test_quantized_torch_build_points_to_convert(tmp_path, tiny_pair):
-    cfg = load_build_config(_config(tmp_path, tiny_pair, quant="fp8"))
-    with pytest.raises(ConfigError, match="dflash-trt convert --quant"):
-        build_bundle(cfg, log=lambda m: None)
+@pytest.mark.parametrize("quant,kv", [("fp8", "auto"), ("nvfp4", "fp8")])
+def test_quantized_bundle_holds_trtllm_checkpoints_and_serves_losslessly(tmp_path, tiny_pair, quant, kv):
+    cfg = load_build_config(_config(tmp_path, tiny_pair, quant=quant, kv_cache=kv))
+    path, manifest, _ = build_bundle(cfg, log=lambda m: None)
+    assert manifest["format"] == "trtllm-checkpoint"
+    assert (path / "target" / "rank0.safetensors").is_file() and (path / "draft" / "rank0.safetensors").is_file()
+    assert manifest["golden"]["matches_autoregressive"]  # lossless w.r.t. the quantized target itself
+    _, pair = load_bundle(path)
+    assert pair.draft is not None
 
 
 def test_regress_passes_then_fails_on_changed_golden(tmp_path, tiny_pair):

@@ -6,6 +6,7 @@ settings recorded in the config). Backend `trtllm` needs TensorRT-LLM (see docs/
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from dflash_trt.errors import ConfigError, MissingDependencyError
 from dflash_trt.runtime.local import LoadedPair, load_pair
 
 
+HF_FORMAT, TRTLLM_FORMAT = "hf", "trtllm-checkpoint"
+
+
 def _check_backend(cfg: BuildConfig) -> None:
     if cfg.backend == "trtllm":
         try:
@@ -26,11 +30,42 @@ def _check_backend(cfg: BuildConfig) -> None:
                 f"{cfg.source}: backend 'trtllm' needs tensorrt_llm==1.2.1 (pip install 'dflash-trt[trtllm]' on a "
                 "CUDA machine); use backend: torch here"
             ) from None
-    if cfg.quant != "none" or cfg.kv_cache != "auto":
-        raise ConfigError(
-            f"{cfg.source}: field 'quant': the torch backend bundles unquantized weights; quantized checkpoints "
-            "come from `dflash-trt convert --quant` (see docs/quantization.md)"
-        )
+
+
+def _quantized(cfg: BuildConfig) -> bool:
+    return cfg.quant != "none" or cfg.kv_cache == "fp8"
+
+
+def _stage_weights(cfg: BuildConfig, tmp: Path, log) -> str:
+    """Put what the runtime loads into tmp/target and tmp/draft; returns the bundle's weight format.
+
+    Unquantized: the HF folders as they are. Quantized (FP8 / NVFP4 / FP8 KV): the TensorRT-LLM
+    checkpoint pair from `dflash-trt convert`, which the torch runtime runs dequantized with simulated
+    activation / KV quantization — the very artifact a GPU engine build consumes.
+    """
+    if not _quantized(cfg):
+        log(f"copying target {cfg.target_path()} and drafter {cfg.draft_path()}")
+        bundles.copy_model(cfg.target_path(), tmp / "target")
+        bundles.copy_model(cfg.draft_path(), tmp / "draft")
+        return HF_FORMAT
+    from dflash_trt.convert import ConvertConfig, convert
+
+    log(f"converting to a TensorRT-LLM checkpoint pair (quant {cfg.quant}, kv cache {cfg.kv_cache})")
+    dtype = "bf16" if cfg.dtype == "auto" else cfg.dtype
+    result = convert(ConvertConfig(str(cfg.target_path()), str(cfg.draft_path()), str(tmp / "checkpoint"), dtype=dtype,
+                                   quant=cfg.quant, kv_cache="fp8" if cfg.kv_cache == "fp8" else "none", tp=cfg.tp))
+    for kind in ("target", "draft"):
+        (result.out / kind).rename(tmp / kind)
+    shutil.rmtree(result.out)
+    return TRTLLM_FORMAT
+
+
+def _load_staged(folder: Path, fmt: str, dtype: str, device: str) -> LoadedPair:
+    if fmt == TRTLLM_FORMAT:
+        from dflash_trt.runtime.tp import load_trtllm_pair
+
+        return load_trtllm_pair(folder / "target", folder / "draft", dtype=dtype, device=device, simulate=True)
+    return load_pair(folder / "target", folder / "draft", dtype, device)
 
 
 def build_bundle(cfg: BuildConfig, log=print) -> tuple[Path, dict, bool]:
@@ -46,17 +81,16 @@ def build_bundle(cfg: BuildConfig, log=print) -> tuple[Path, dict, bool]:
         return existing, bundles.read_manifest(existing), True
 
     def fill(tmp: Path) -> None:
-        log(f"copying target {cfg.target_path()} and drafter {cfg.draft_path()}")
-        bundles.copy_model(cfg.target_path(), tmp / "target")
-        bundles.copy_model(cfg.draft_path(), tmp / "draft")
-        pair = load_pair(tmp / "target", tmp / "draft", "fp32" if cfg.dtype == "auto" else cfg.dtype, "cpu")
+        fmt = _stage_weights(cfg, tmp, log)
+        pair = _load_staged(tmp, fmt, "fp32" if cfg.dtype == "auto" else cfg.dtype, "cpu")
         block_size = cfg.block_size or pair.draft.config.block_size
         log(f"golden outputs ({len(cfg.golden.prompts)} prompt entries, {cfg.golden.max_new_tokens} tokens)")
         prompts = prompt_ids(cfg.golden.prompts, pair.tokenizer, cfg.source)
         golden = compute_golden(pair, prompts, cfg.golden.max_new_tokens, block_size)
         if not golden["matches_autoregressive"]:
             raise ConfigError(f"{cfg.source}: speculative output differs from autoregressive output (a bug: report it)")
-        bundles.write_manifest(tmp, cfg, fingerprint, pair_info(pair, block_size), golden, time.perf_counter() - t0)
+        info = pair_info(pair, block_size) | {"format": fmt}
+        bundles.write_manifest(tmp, cfg, fingerprint, info, golden, time.perf_counter() - t0)
 
     out = bundles.write_atomically(cfg.output_path(), fill)
     return out, bundles.read_manifest(out), False
@@ -83,5 +117,6 @@ def load_bundle(path: str | Path, dtype: str | None = None, device: str | None =
         raise ConfigError(f"{path / 'manifest.json'}: field 'format_version': {manifest.get('format_version')} "
                           f"is not {bundles.FORMAT_VERSION}; rebuild with this dflash-trt")
     config = manifest["config"]
-    pair = load_pair(path / "target", path / "draft", dtype or config["dtype"], device or config["runtime"]["device"])
+    pair = _load_staged(path, manifest.get("format", HF_FORMAT), dtype or config["dtype"],
+                        device or config["runtime"]["device"])
     return manifest, pair

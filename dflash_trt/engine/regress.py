@@ -68,8 +68,6 @@ def can_build(cfg: BuildConfig) -> str | None:
             import tensorrt_llm  # noqa: F401
         except ImportError:
             return "backend trtllm: tensorrt_llm not installed (GPU CI builds this preset)"
-    if cfg.quant != "none":
-        return f"quant {cfg.quant}: built by `dflash-trt convert` + the trtllm backend"
     return None
 
 

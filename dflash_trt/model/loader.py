@@ -20,7 +20,8 @@ def _load(module: torch.nn.Module, state: dict, device) -> torch.nn.Module:
     return module.to(device).eval().requires_grad_(False)
 
 
-def load_target(ckpt: TargetCheckpoint, dtype: torch.dtype = torch.float32, device="cpu") -> Target:
+def load_target(ckpt: TargetCheckpoint, dtype: torch.dtype = torch.float32, device="cpu", fuse: bool = True) -> Target:
+    """A Target from a checked HF checkpoint; `fuse` joins q/k/v and gate/up matmuls (inference)."""
     config = ckpt.config
     names = [n for n in ckpt.weights.names() if not n.endswith("rotary_emb.inv_freq")]
     state = ckpt.weights.load(names, dtype)
@@ -31,11 +32,13 @@ def load_target(ckpt: TargetCheckpoint, dtype: torch.dtype = torch.float32, devi
     target = _load(target, state, device)
     if config.tie_word_embeddings:
         target.lm_head.weight = target.model.embed_tokens.weight
-    return target.fuse()
+    return target.fuse() if fuse else target
 
 
-def load_draft(ckpt: DraftCheckpoint, dtype: torch.dtype = torch.float32, device="cpu") -> DFlashDraft:
+def load_draft(ckpt: DraftCheckpoint, dtype: torch.dtype = torch.float32, device="cpu", fuse: bool = True) -> DFlashDraft:
+    """A DFlashDraft from a checked z-lab checkpoint; `fuse` as in `load_target`."""
     names = [n for n in ckpt.weights.names() if not n.endswith("rotary_emb.inv_freq")]
     with torch.device("meta"):
         draft = DFlashDraft(ckpt.config)
-    return _load(draft, ckpt.weights.load(names, dtype), device).fuse()
+    draft = _load(draft, ckpt.weights.load(names, dtype), device)
+    return draft.fuse() if fuse else draft

@@ -10,16 +10,21 @@ or on how many tokens were drafted, which is what makes speculative decoding los
 temperature (Gumbel-max: the argmax is distributed as softmax(logits / T) over the survivors).
 
 Exact definitions (the CUDA kernel implements the same ones):
-- logits are upcast to fp32; NaN counts as -inf; a row of all -inf picks token 0. Logits must
-  otherwise be finite (+inf is not a probability and is not given a meaning).
-- top-k (k > 0): survivors are v with logit_v >= the k-th largest logit (ties at the edge stay).
-- top-p (p < 1): over the top-k survivors, probs = softmax(logits / T); v survives iff the mass
-  of survivors with strictly larger probability is < top_p (ties are kept or dropped together).
+- logits are upcast to fp32; NaN counts as -inf; -inf tokens are never chosen (a row of all
+  -inf picks token 0). +inf is not a probability and is given no meaning.
+- top-k (k > 0): survivors are v with score_v = logit_v / T >= the k-th largest score (ties at
+  the edge stay).
+- top-p (p < 1), in exact fixed point so every implementation keeps the same set: over the top-k
+  survivors with m = max score, e_v = exp_f32(score_v - m), Z = sum of round(e_v * 2^40) (int64),
+  prob_v = e_v * (1 / (Z * 2^-40)), P_v = round(prob_v * 2^62) (int64). v survives iff the integer
+  mass of survivors with prob strictly larger than prob_v is < ceil(top_p * 2^62): ties are kept or
+  dropped together, and no float summation order is involved. top_p NaN or <= 0 keeps nothing.
 - argmax ties resolve to the lowest token id.
 
-BIT-EXACTNESS: the uniform u comes from 32-bit integer mixing, exact everywhere. The two logs use
-`log_f32`, a polynomial built only from IEEE-rounded +, *, / and frexp, so the CUDA kernel (which
-uses __fadd_rn / __fmul_rn / __fdiv_rn, never contracted into FMAs) gets identical bits.
+BIT-EXACTNESS: the uniform u comes from 32-bit integer mixing, exact everywhere. `log_f32` and
+`exp_f32` are polynomials built only from IEEE-rounded +, *, /, floor and frexp / exponent bits, so
+the CUDA kernel (plugins/dflash_verify: __fadd_rn / __fmul_rn / __fdiv_rn, never contracted into
+FMAs) and its CPU twin get identical bits; masses are integer sums, exact in any order.
 """
 
 from __future__ import annotations
@@ -98,6 +103,30 @@ def log_f32(x: torch.Tensor) -> torch.Tensor:
     return e * _LN2 + (s * 2.0) * series
 
 
+def _pow2(n: torch.Tensor) -> torch.Tensor:
+    """2**n as float32 for -126 <= n <= 127 (exact, from the exponent bits)."""
+    return ((n.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
+def exp_f32(x: torch.Tensor) -> torch.Tensor:
+    """exp(x) for float32 x <= 0 from IEEE-rounded ops (softmax numerators; bit-reproducible).
+
+    Cody-Waite reduction x = n ln2 + r (ln2 split so t * hi is exact), degree-7 Taylor in r,
+    scaled by 2**n (in two exact steps below 2**-125, so subnormals round once). 0 for x <= -104.
+    """
+    live = x > -104.0
+    x = torch.where(live, x, torch.zeros_like(x))
+    t = torch.floor(x * 1.44269502162933349609375 + 0.5)
+    r = (x - t * 0.693145751953125) - t * 1.42860682030941723212e-6
+    p = torch.full_like(r, 1.0 / 5040.0)
+    for c in (1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0):
+        p = p * r + c
+    n = t.to(torch.int32)
+    small = (p * _pow2(torch.full_like(n, -64))) * _pow2((n + 64).clamp(min=-126))
+    out = torch.where(n >= -125, p * _pow2(n.clamp(min=-126)), small)
+    return torch.where(live, out, torch.zeros_like(out))
+
+
 def gumbel(seed: torch.Tensor, position: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
     """Gumbel(0, 1) variates g(s, p, v) = -log(-log(u)), u = (h >> 9 + 0.5) / 2**23 in (0, 1)."""
     h = counter_hash(seed, position, vocab)
@@ -122,16 +151,26 @@ def survivors(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) ->
     sorted_scores = scores.sort(dim=-1, descending=True).values  # [N, V]
     kth = sorted_scores.gather(-1, (k - 1).clamp(min=0)[:, None])  # [N, 1]
     keep &= scores >= kth
-    if bool((top_p < 1.0).any()):
-        masked = scores.masked_fill(~keep, float("-inf"))
-        probs = torch.softmax(masked, dim=-1)
-        sorted_probs = probs.sort(dim=-1, descending=True).values
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        in_nucleus = mass_before < top_p[:, None]
-        # Smallest kept probability; ties with it stay (value-based, order-free rule).
-        threshold = sorted_probs.masked_fill(~in_nucleus, float("inf")).min(dim=-1).values
-        keep &= (probs >= threshold[:, None]) | (top_p[:, None] >= 1.0)
+    nucleus = ~(top_p >= 1.0)  # top_p < 1, or NaN
+    if bool(nucleus.any()):
+        keep[nucleus] &= _nucleus(scores[nucleus], keep[nucleus], top_p[nucleus])
     return keep
+
+
+def _nucleus(scores: torch.Tensor, keep: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The exact fixed-point top-p rule (module docstring) over the top-k survivors `keep`."""
+    m = scores.masked_fill(~keep, float("-inf")).max(dim=-1, keepdim=True).values
+    e = exp_f32(torch.where(keep, scores - m, torch.full_like(scores, float("-inf"))))  # [N, V]
+    z = torch.where(keep, torch.round(e * 1099511627776.0).to(torch.int64), 0).sum(dim=-1, keepdim=True)
+    prob = e * (1.0 / (z.to(torch.float32) * (1.0 / 1099511627776.0)))
+    mass = torch.where(keep, torch.round(prob * 4611686018427387904.0).to(torch.int64), 0)
+    threshold = torch.ceil(top_p.double() * 4611686018427387904.0).nan_to_num(0.0).clamp(min=0).to(torch.int64)
+    order = torch.where(keep, prob, torch.full_like(prob, -1.0)).sort(dim=-1, descending=True)
+    sorted_mass = mass.gather(-1, order.indices)
+    above = sorted_mass.cumsum(dim=-1) - sorted_mass  # [N, V] mass before each (first of a tie: strictly larger)
+    ok = (above < threshold[:, None]) & (order.values >= 0)
+    p_star = order.values.masked_fill(~ok, float("inf")).min(dim=-1, keepdim=True).values
+    return keep & (prob >= p_star)
 
 
 def sample_tokens(
@@ -143,7 +182,7 @@ def sample_tokens(
     seed: torch.Tensor,  # [N] int64 (uint64 bits)
 ) -> torch.Tensor:  # [N] int64
     """Apply the sampling rule row by row; greedy rows (T = 0) take the plain argmax."""
-    logits = logits.float().nan_to_num(nan=float("-inf"), posinf=float("inf"))
+    logits = logits.float().nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
     tokens = logits.argmax(dim=-1)
     sampled = temperature > 0
     if not bool(sampled.any()):

@@ -1,16 +1,14 @@
 // The sampling rule's scalar pieces, bit-exact on the GPU and on the host (the CPU twin).
 //
 // Mirrors dflash_trt/spec/sampling.py, which is the source of truth:
-//   - canonical logits: NaN -> -inf, -inf -> -FLT_MAX, +inf stays (exactly what the reference's
-//     `nan_to_num(nan=-inf, posinf=inf)` does; see dfv_canonical_logit);
+//   - canonical logits: NaN -> -inf, -inf stays, +inf stays (the reference's
+//     `nan_to_num(nan=-inf, posinf=inf, neginf=-inf)`; see dfv_canonical_logit);
 //   - the counter hash (lowbias32 `mix32`, chained over seed_lo, seed_hi, position, vocab id);
 //   - u = ((h >> 9) + 0.5) / 2**23 and g = -log_f32(-log_f32(u)), with log_f32 the odd atanh
 //     series built from IEEE-rounded +, *, / and frexp only.
-// Plus two things the reference has no bit-level twin for (torch's exp and reductions differ by
-// build and device), defined here once so the kernel and the twin agree bit for bit:
-//   - dfv_exp_neg: exp(x) for x <= 0 (softmax numerators), Cody-Waite + degree-7 Taylor;
-//   - fixed-point masses (2^-40 for softmax sums, 2^-62 for top-p masses), summed as integers so
-//     every reduction order gives the same bits.
+//   - the exact top-p rule: dfv_exp_neg (the reference's `exp_f32`: exp(x) for x <= 0, Cody-Waite
+//     + degree-7 Taylor) and fixed-point masses (2^-40 for softmax sums, 2^-62 for top-p masses),
+//     summed as integers so every reduction order — GPU, twin, torch — gives the same bits.
 //
 // FOOTGUN: every float op goes through dfv_add/sub/mul/div. On the device they are __f*_rn,
 // which nvcc never contracts into FMAs; on the host, build with -ffp-contract=off.
@@ -120,13 +118,10 @@ DFV_HD float pow2(int n) { return bits_float(static_cast<uint32_t>(n + 127) << 2
 // Logits
 // ---------------------------------------------------------------------------------------------
 
-// The reference upcasts to fp32 and applies `nan_to_num(nan=-inf, posinf=inf)`, whose neginf
-// default maps -inf to -FLT_MAX: NaN becomes -inf (never kept when sampling), -inf becomes the
-// finite -FLT_MAX. Greedy argmax and sampling at T >= 1 therefore rank an original -inf above
-// a NaN. Kept identical to the reference on purpose (see docs/verify-plugin.md).
+// The reference upcasts to fp32 and applies `nan_to_num(nan=-inf, posinf=inf, neginf=-inf)`:
+// NaN becomes -inf; -inf stays -inf. Neither is ever sampled; a row of only -inf picks token 0.
 DFV_HD float canonical_logit(float x) {
   if (x != x) return kNegInf;
-  if (x == kNegInf) return -kFltMax;
   return x;
 }
 
