@@ -157,3 +157,22 @@ def test_auto_uses_the_kernel_on_cuda_and_matches_the_reference():
     with dispatch.use_impl("reference"):
         want = dispatch.verify_block(*args)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_served_runtime_verifies_through_the_switch(loaded_tiny_pair):
+    """The scheduler's torch runner calls the one switch; forcing the CPU twin changes no token."""
+    from dflash_trt.kernels import use_impl
+    from dflash_trt.runtime.service import DFlashService, ServiceLimits
+    from dflash_trt.spec.autoregressive import autoregressive_generate
+    from dflash_trt.spec.requests import Request, StopCriteria
+    from dflash_trt.spec.sampling import SamplingParams
+
+    requests = [Request((1, 2, 3), SamplingParams(0.9, 20, 0.8, seed=4), StopCriteria(12)),
+                Request((9, 8), SamplingParams(), StopCriteria(10))]
+    expected = [r.tokens for r in autoregressive_generate(loaded_tiny_pair.target, requests)]
+    with use_impl("twin"):
+        svc = DFlashService(loaded_tiny_pair, ServiceLimits(max_batch_size=2, max_seq_len=64, block_size=4))
+        try:
+            assert [r.tokens for r in svc.generate(requests)] == expected
+        finally:
+            svc.shutdown()
