@@ -1,0 +1,47 @@
+"""`dflash-trt bench`: results JSON follows the documented schema; PNG plots render and are not blank."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dflash_trt.bench.plots import acceptance_histogram, pareto_plot
+from dflash_trt.bench.served import ServedPoint, scaling
+from dflash_trt.cli import cli
+
+plt_image = pytest.importorskip("matplotlib.image")
+
+
+def _png_ok(path, min_bytes=5_000):
+    assert path.is_file() and path.stat().st_size > min_bytes
+    pixels = plt_image.imread(str(path))
+    assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 300
+    assert pixels[..., :3].std() > 0.02, "plot is blank"
+
+
+def test_local_bench_writes_schema_and_histogram(tiny_pair, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"token_ids": [i + 1, i + 2, i + 3]}) + "\n" for i in range(3)))
+    result = CliRunner().invoke(cli, ["bench", "--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1]),
+                                      "--prompts", str(prompts), "--block-sizes", "2,4", "--max-new-tokens", "8",
+                                      "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["schema_version"] == 1 and data["mode"] == "local"
+    assert [r["block_size"] for r in data["results"]] == [2, 4]
+    for r in data["results"]:
+        assert r["identical"] is True and r["generated_tokens"] == 24
+        assert {"mean_acceptance_length", "per_position_acceptance", "spec_tokens_per_s", "ar_tokens_per_s",
+                "speedup", "acceptance_histogram"} <= set(r)
+        assert len(r["per_position_acceptance"]) == r["block_size"] - 1
+    _png_ok(tmp_path / "out" / "acceptance_histogram.png")
+
+
+def test_pareto_and_histogram_plots_render(tmp_path):
+    points = [ServedPoint(model, c, 8, 2.0 / c ** 0.5, 400, 0.05 * c, 0.08 * c, 0.01 * c, 100.0 / c ** 0.3, 3.0,
+                          [1, 2, 3, 4, 4, 5] * c)
+              for model in ("dflash", "dflash_ar") for c in (1, 2, 4, 8)]
+    _png_ok(pareto_plot(points, tmp_path / "pareto.png"))
+    _png_ok(acceptance_histogram({"a": [1, 2, 2, 3], "b": [4, 4, 5]}, 6, tmp_path / "h.png"))
+    ratios = scaling(points)
+    assert ratios[1] == 1.0 and ratios[8] > ratios[2]
