@@ -1,0 +1,84 @@
+"""Request parsing and streamed-text rules of the `dflash` Triton model (no server needed)."""
+
+import numpy as np
+import pytest
+
+from dflash_trt.errors import RequestError
+from dflash_trt.triton.protocol import parse_request
+from dflash_trt.triton.text_stream import TextStream
+
+
+def _get(**inputs):
+    def get(name):
+        if name not in inputs:
+            return None
+        value = inputs[name]
+        return np.array(value if isinstance(value, list) else [value], dtype=object if isinstance(value, (bytes, str)) or (
+            isinstance(value, list) and value and isinstance(value[0], (bytes, str))) else None)
+    return get
+
+
+class CharTokenizer:
+    """One token per character (ids = code points), enough to test text handling."""
+
+    eos_token_id = 0
+    chat_template = None
+
+    def encode(self, text, add_special_tokens=True):
+        return [ord(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids if i)
+
+
+def test_defaults_and_eos():
+    parsed = parse_request(_get(input_ids=[5, 6, 7]), None, 100, 256, frozenset({0}))
+    assert parsed.request.prompt == (5, 6, 7) and parsed.stream is False
+    assert parsed.request.stop.max_new_tokens == 64 and parsed.request.stop.stop_token_ids == {0}
+    assert parsed.request.params.temperature == 0.0
+
+
+def test_text_prompt_with_sampling_and_stop_words():
+    parsed = parse_request(_get(text_input=b"hi", max_tokens=5, temperature=0.5, top_k=3, top_p=0.9,
+                                seed=2**64 - 1, stop_words=[b"x", b""], stream=True), CharTokenizer(), 100, 1000)
+    r = parsed.request
+    assert r.prompt == (104, 105) and parsed.stream
+    assert (r.params.temperature, r.params.top_k, r.params.top_p, r.params.seed) == (0.5, 3, pytest.approx(0.9), 2**64 - 1)
+    assert r.stop.stop_strings == ("x",)
+
+
+@pytest.mark.parametrize("inputs,fragment", [
+    (dict(), "'text_input' (or 'input_ids') is required"),
+    (dict(text_input=b""), "prompt is empty"),
+    (dict(text_input=b"\xc3\x28"), "not valid UTF-8"),
+    (dict(text_input=[b"a", b"b"]), "expected one string"),
+    (dict(input_ids=[1, 300]), "outside the vocabulary"),
+    (dict(input_ids=list(range(1, 101))), "at most 99"),
+    (dict(input_ids=[1], max_tokens=0), "must be >= 1"),
+    (dict(input_ids=[1, 2], max_tokens=99), "ask for at most 98"),
+    (dict(input_ids=[1], temperature=-1.0), "'temperature': must be >= 0"),
+    (dict(input_ids=[1], temperature=float("nan")), "finite number"),
+    (dict(input_ids=[1], top_p=0.0), "'top_p': must be in (0, 1]"),
+    (dict(input_ids=[1], top_k=-5), "'top_k': must be >= 0"),
+    (dict(input_ids=[1], max_tokens=[1, 2]), "expected one value"),
+])
+def test_bad_requests_are_named(inputs, fragment):
+    with pytest.raises(RequestError) as err:
+        parse_request(_get(**inputs), CharTokenizer(), 100, 256)
+    assert fragment in err.value.format_message()
+
+
+def test_stream_holds_back_possible_stop_prefix_and_cuts_at_stop():
+    stream = TextStream(CharTokenizer().decode, ("END",))
+    out = [stream.push([ord(c)]) for c in "abcE"] + [stream.push([ord("N")]), stream.push([ord("x")])]
+    assert "".join(out) == "abcENx"  # "EN" then "x": no stop string yet, everything released
+    stream = TextStream(CharTokenizer().decode, ("END",))
+    pieces = [stream.push([ord(c)]) for c in "abEND"] + [stream.finish()]
+    assert pieces[:3] == ["a", "b", ""] and "".join(pieces) == "ab"
+
+
+def test_stream_waits_for_complete_utf8():
+    table = {1: b"\xe2", 2: b"\x82", 3: b"\xac"}  # the euro sign, byte by byte
+    decode = lambda ids: b"".join(table[i] for i in ids).decode("utf-8", errors="replace")  # noqa: E731
+    stream = TextStream(decode)
+    assert [stream.push([1]), stream.push([2]), stream.push([3])] == ["", "", "€"]
