@@ -37,10 +37,10 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
     from rich.progress import Progress
 
     pair = load_pair(resolve_model_path(target, Path.cwd()), resolve_model_path(draft, Path.cwd()), "fp32", device)
-    torch.set_grad_enabled(False)
     prompts = load_prompts(prompts_path, pair.tokenizer, num_prompts)
     stop_ids = stop_token_ids(pair.tokenizer, pair.target.config.eos_token_ids)
-    warm_up(pair, prompts[0], max(block_sizes))
+    with torch.inference_mode():
+        warm_up(pair, prompts[0], max(block_sizes))
     results = []
     with Progress(transient=True) as progress:
         for block_size in block_sizes:

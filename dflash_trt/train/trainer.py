@@ -161,6 +161,7 @@ class _FieldProgress:
         self.progress.advance(task, n)
 
 
+@torch.enable_grad()  # robust to a caller that disabled autograd globally
 def _loop(cfg, target, draft, optimizer, tokens, loss_mask, step, state_dir, progress, task) -> dict:
     """The optimisation loop: batch -> target taps -> blocks -> drafter -> decayed CE."""
     taps = draft.config.target_layer_ids
