@@ -191,7 +191,7 @@ def train_drafter(work: Path, seed: int, steps: int, layers: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--stage", choices=["tokenizer", "target", "draft", "prompts", "all"], default="all")
+    ap.add_argument("--stage", choices=["tokenizer", "target", "draft", "prompts", "measure", "all"], default="all")
     ap.add_argument("--work", type=Path, default=ROOT / "out" / "tiny_pair")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--target-steps", type=int, default=800)
@@ -206,7 +206,7 @@ def main() -> None:
     log_path = args.work / "make_log.json"
     log = json.loads(log_path.read_text()) if log_path.is_file() else {}
     log["data"] = {"stdlib": sysconfig.get_paths()["stdlib"], "train_files": len(train_files), "heldout_files": len(held_files)}
-    stages = ["tokenizer", "target", "draft", "prompts"] if args.stage == "all" else [args.stage]
+    stages = ["tokenizer", "target", "draft", "prompts", "measure"] if args.stage == "all" else [args.stage]
     for stage in stages:
         t0 = time.perf_counter()
         if stage == "tokenizer":
@@ -217,15 +217,83 @@ def main() -> None:
             log["target"] = train_target(args.work, stream, args.target_steps, args.seed)
         elif stage == "draft":
             cut_prompts(args.work, train_files, args.draft_samples, 64, args.seed, "draft_prompts.jsonl")
-            log["draft"] = {k: v for k, v in train_drafter(args.work, args.seed, args.draft_steps, args.draft_layers).items()
-                            if k != "loss_history"}
+            summary = train_drafter(args.work, args.seed, args.draft_steps, args.draft_layers)
+            log["draft"] = {k: v for k, v in summary.items() if k != "loss_history"} | {
+                "layers": args.draft_layers, "samples": args.draft_samples}
         elif stage == "prompts":
             cut_prompts(args.work, held_files, 64, 64, args.seed + 1, "heldout_prompts.jsonl")
+        elif stage == "measure":
+            log["measured"] = measure(args.work)
+            write_cards(args.work, log)
         log.setdefault("seconds", {})[stage] = round(time.perf_counter() - t0)
         log_path.write_text(json.dumps(log, indent=2))
         print(f"stage {stage}: {log['seconds'][stage]} s", flush=True)
     if args.stage == "all":
         install(args.work)
+
+
+def measure(work: Path, prompts: int = 32, new_tokens: int = 128) -> dict:
+    """τ at block 8 and 16 and the DFlash / AR speed ratio on held-out prompts (greedy, batch 1)."""
+    from dflash_trt.bench.local import bench_block_size, load_prompts, warm_up
+    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.spec.sampling import SamplingParams
+    from dflash_trt.tokenizer import stop_token_ids
+
+    pair = load_pair(work / "target", work / "draft", "fp32", "cpu")
+    held = load_prompts(work / "heldout_prompts.jsonl", pair.tokenizer, prompts)
+    stops = stop_token_ids(pair.tokenizer, pair.target.config.eos_token_ids)
+    with torch.inference_mode():
+        warm_up(pair, held[0], 16)
+    out = {}
+    for block in (8, 16):
+        r = bench_block_size(pair, held, block, new_tokens, SamplingParams(), stops)
+        out[f"block_{block}"] = {k: v for k, v in r.to_dict().items() if k != "acceptance_histogram"}
+        print(f"block {block}: tau {r.mean_acceptance_length:.2f}, DFlash {r.spec_tokens_per_s:.1f} tok/s, "
+              f"AR {r.ar_tokens_per_s:.1f} tok/s, speed-up {r.speedup:.2f}x, identical {r.identical}", flush=True)
+    return out
+
+
+def write_cards(work: Path, log: dict) -> None:
+    """Model cards (README.md) for both folders: data, sizes, steps, measured acceptance."""
+    m, t, d, data = log["measured"], log["target"], log["draft"], log["data"]
+    table = "\n".join(
+        f"| {b.split('_')[1]} | {v['mean_acceptance_length']:.2f} | {v['spec_tokens_per_s']:.1f} | "
+        f"{v['ar_tokens_per_s']:.1f} | {v['speedup']:.2f}x | {v['identical']} |" for b, v in m.items())
+    measured = ("| block size | τ | DFlash tok/s | AR tok/s | speed-up | identical |\n|---|---|---|---|---|---|\n"
+                + table + "\n\nGreedy, batch 1, fp32, one CPU thread, on 32 held-out prompts x 128 new tokens "
+                "(`dflash_trt/assets/heldout_prompts.jsonl`); `dflash-trt bench` reproduces it.")
+    source = (f"Python {data['stdlib']} standard library sources ({data['train_files']} training files, "
+              f"{data.get('train_tokens', '?')} tokens; {data['heldout_files']} files held out by path hash)")
+    (work / "target" / "README.md").write_text(f"""# tiny-qwen3 (dflash-trt's embedded default target)
+
+A Qwen3-architecture causal LM trained from scratch for dflash-trt's tests, quickstart and benchmarks.
+
+- architecture: Qwen3ForCausalLM, {TARGET_SHAPE['num_hidden_layers']} layers, hidden {TARGET_SHAPE['hidden_size']},
+  {TARGET_SHAPE['num_attention_heads']} heads / {TARGET_SHAPE['num_key_value_heads']} KV heads, head_dim {TARGET_SHAPE['head_dim']},
+  MLP {TARGET_SHAPE['intermediate_size']}, tied embeddings, vocab 4096; {t['params'] / 1e6:.2f} M parameters, stored in bf16
+- tokenizer: byte-level BPE (vocab 4096) trained on the same data; `<|endoftext|>` = 0 (EOS), `<|mask|>` = 1
+  (DFlash mask token); no chat template (it is a code model)
+- data: {source}
+- training: {t['steps']} steps x {t['batch']} x {t['seq_len']} tokens, AdamW (lr 3e-3, cosine), final loss {t['final_loss']:.2f},
+  {t['seconds']} s on the 2-core CPU dev machine
+- reproduce: `python scripts/make_tiny_pair.py --stage all --seed 0`
+
+Not a useful language model: a small, fast, real target whose greedy continuations a drafter can learn.
+""")
+    (work / "draft" / "README.md").write_text(f"""# tiny-qwen3-dflash (dflash-trt's embedded default drafter)
+
+A DFlash drafter (z-lab format: `DFlashDraftModel`, `dflash_config`) for tiny-qwen3, trained with
+`dflash-trt train-draft --regenerate`; it loads in dflash-trt and in z-lab's `dflash==0.1.0`.
+
+- {d.get('layers', '?')} draft layer(s), block_size 16, target_layer_ids and mask_token_id in config.json
+- data: {d.get('samples', '?')} prompts of 64 tokens cut from the training files, continued greedily by the target
+  (192 new tokens each)
+- training: {d['steps']} steps, final loss {d['final_loss']:.3f}, {d['seconds']:.0f} s; settings in `dflash_trt_train.json`
+
+## Measured acceptance
+
+{measured}
+""")
 
 
 def install(work: Path) -> None:
