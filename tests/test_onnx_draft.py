@@ -1,0 +1,144 @@
+"""The draft engine's source graphs (ONNX), run by onnxruntime, are token-identical to the torch drafter.
+
+The graphs a TensorRT draft engine is compiled from are exported here and executed on CPU by
+onnxruntime inside full speculative decodes through the serving scheduler: at every step the
+onnxruntime proposals must equal the torch drafter's, and the committed tokens must equal the
+torch path's (and autoregressive decoding's).
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+
+from dflash_trt.runtime.runner import TorchDraftRunner, TorchTargetRunner  # noqa: E402
+from dflash_trt.spec.requests import Request, StopCriteria  # noqa: E402
+from dflash_trt.spec.sampling import SamplingParams  # noqa: E402
+from dflash_trt.trtllm.draft_runner import ort_draft_runner  # noqa: E402
+from dflash_trt.trtllm.golden import decode  # noqa: E402
+from dflash_trt.trtllm.io_spec import DraftGraphSpec  # noqa: E402
+from dflash_trt.trtllm.onnx_export import GRAPH_FILES, export_draft_graphs, spec_for  # noqa: E402
+
+ASSETS = Path(__file__).resolve().parent.parent / "dflash_trt" / "assets"
+SLOTS, MAX_SEQ = 4, 128
+ONNX_TYPES = {1: "float32", 7: "int64", 16: "bfloat16", 10: "float16", 6: "int32"}
+
+
+class Lockstep:
+    """A DraftRunner that feeds both drafters, proposes with the graph one, records both proposals."""
+
+    def __init__(self, reference, candidate):
+        self.reference, self.candidate = reference, candidate
+        self.block_size = candidate.block_size
+        self.steps: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def append_context(self, *args):
+        self.reference.append_context(*args)
+        self.candidate.append_context(*args)
+
+    def commit(self, *args):
+        self.reference.commit(*args)
+        self.candidate.commit(*args)
+
+    def propose(self, *args):
+        expected, got = self.reference.propose(*args), self.candidate.propose(*args)
+        self.steps.append((expected.clone(), got.clone()))
+        return got
+
+
+def _export(pair, folder: Path) -> DraftGraphSpec:
+    block_size = pair.draft.config.block_size
+    spec = spec_for(pair.draft, pair.target, block_size, MAX_SEQ + block_size + 1, SLOTS, "fp32")
+    export_draft_graphs(pair.draft, pair.target, spec, folder)
+    return spec
+
+
+def _requests(vocab: int, seed: int = 0) -> list[Request]:
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(5, 0.0), (17, 0.8), (3, 0.0), (30, 1.0), (9, 0.0), (12, 0.5)]
+    return [Request(tuple(torch.randint(0, vocab, (n,), generator=g).tolist()), SamplingParams(t, 0, 1.0, i),
+                    StopCriteria(32)) for i, (n, t) in enumerate(shapes)]
+
+
+def _check_lockstep_decode(pair, folder: Path, requests: list[Request]) -> Lockstep:
+    block_size, capacity = pair.draft.config.block_size, MAX_SEQ + pair.draft.config.block_size + 1
+    taps = pair.draft.config.target_layer_ids
+    torch_draft = TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, block_size)
+    lockstep = Lockstep(torch_draft, ort_draft_runner(folder, SLOTS))
+    got = decode(TorchTargetRunner(pair.target, SLOTS, capacity, taps), lockstep, requests, SLOTS, capacity)
+    reference = decode(TorchTargetRunner(pair.target, SLOTS, capacity, taps),
+                       TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, block_size), requests, SLOTS, capacity)
+    ar = decode(TorchTargetRunner(pair.target, SLOTS, capacity, ()), None, requests, SLOTS, capacity)
+    for step, (expected, proposed) in enumerate(lockstep.steps):
+        assert torch.equal(expected, proposed), f"step {step}: onnxruntime proposed {proposed} != torch {expected}"
+    assert [r.tokens for r in got] == [r.tokens for r in reference] == [r.tokens for r in ar]
+    assert [r.acceptance_lengths for r in got] == [r.acceptance_lengths for r in reference]
+    return lockstep
+
+
+@pytest.fixture(scope="module")
+def exported(loaded_tiny_pair, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("onnx_draft")
+    return loaded_tiny_pair, folder, _export(loaded_tiny_pair, folder)
+
+
+def test_onnx_graph_io_matches_the_declared_spec(exported):
+    _, folder, spec = exported
+    for name, io in (("context", spec.context_io()), ("propose", spec.propose_io())):
+        model = onnx.load(str(folder / GRAPH_FILES[name]))
+        onnx.checker.check_model(model)
+        for declared, actual in ((io[0], model.graph.input), (io[1], model.graph.output)):
+            assert [t.name for t in declared] == [v.name for v in actual]
+            for t, v in zip(declared, actual):
+                assert ONNX_TYPES[v.type.tensor_type.elem_type] == t.dtype, t.name
+                dims = [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+                assert dims == list(t.dims), t.name
+    assert DraftGraphSpec.load(folder) == spec
+
+
+def test_onnx_context_graph_writes_the_torch_context_cache(exported):
+    """Ragged multi-row appends into scattered slots, then rewinds: caches and proposals agree."""
+    pair, folder, spec = exported
+    capacity, block = spec.capacity, spec.block_size
+    torch_draft = TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, block)
+    graph_draft = ort_draft_runner(folder, SLOTS)
+    g = torch.Generator().manual_seed(3)
+    slots, lengths = torch.tensor([3, 0, 2]), torch.zeros(3, dtype=torch.int64)
+    for round_ in range(4):
+        width = 6
+        taps = torch.randn(3, width, spec.n_taps * spec.hidden_size, generator=g)
+        positions = lengths[:, None] + torch.arange(width)[None, :]
+        valid = torch.arange(width)[None, :] < torch.randint(1, width + 1, (3, 1), generator=g)
+        for runner in (torch_draft, graph_draft):
+            runner.append_context(slots, taps, positions, valid)
+        lengths = lengths + valid.sum(1)
+        if round_ == 2:
+            lengths = lengths - torch.tensor([1, 0, 2]).clamp(max=lengths - 1)  # rewind some slots
+        for runner in (torch_draft, graph_draft):
+            runner.commit(slots, lengths)
+        bonus = torch.randint(0, spec.vocab_size, (3,), generator=g)
+        assert torch.equal(torch_draft.propose(slots, bonus, lengths), graph_draft.propose(slots, bonus, lengths))
+    for s, n in zip(slots.tolist(), lengths.tolist()):
+        torch.testing.assert_close(graph_draft.k[:, s, :, :n], torch_draft.cache.k[:, s, :, :n], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(graph_draft.v[:, s, :, :n], torch_draft.cache.v[:, s, :, :n], atol=1e-5, rtol=1e-5)
+
+
+def test_onnx_draft_decode_is_token_identical_to_torch(exported):
+    pair, folder, _ = exported
+    lockstep = _check_lockstep_decode(pair, folder, _requests(pair.target.config.vocab_size))
+    assert len(lockstep.steps) > 20
+
+
+@pytest.mark.parametrize("target,draft", [("tiny-qwen3", "tiny-qwen3-dflash")])
+def test_onnx_draft_decode_on_the_shipped_pair(target, draft, tmp_path):
+    if not (ASSETS / draft / "config.json").is_file():
+        pytest.skip(f"shipped pair not present ({ASSETS / draft}/config.json)")
+    from dflash_trt.runtime.local import load_pair
+
+    pair = load_pair(ASSETS / target, ASSETS / draft, dtype="fp32", device="cpu")
+    _export(pair, tmp_path)
+    lockstep = _check_lockstep_decode(pair, tmp_path, _requests(pair.target.config.vocab_size, seed=1))
+    assert len(lockstep.steps) > 5
