@@ -169,6 +169,8 @@ _COMMAND_MODULES: dict[str, str] = {
     "dflash_trt.train_cli": "train_draft_command",
     "dflash_trt.bench_cli": "bench_command",
     "dflash_trt.convert_cli": "convert_command",
+    "dflash_trt.export_cli": "export_group",
+    "dflash_trt.doctor_cli": "doctor_command",
 }
 
 

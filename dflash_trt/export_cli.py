@@ -1,0 +1,53 @@
+"""`dflash-trt export`: hand a DFlash pair to another runtime (thin commands; logic in dflash_trt.trtllm)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group("export", short_help="Export a DFlash pair for another runtime (TensorRT-LLM llmapi).")
+def export_group():
+    """Write what another runtime needs to serve a target + DFlash drafter pair."""
+
+
+@export_group.command("trtllm-llmapi", short_help="Triton repository for TensorRT-LLM's native DFlash (llmapi).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="A build config (build_configs/*.yaml): target, draft, block size, limits, quant.")
+@click.option("--target", help="Target: local HF folder or Hugging Face id (overrides the config's).")
+@click.option("--draft", help="DFlash drafter: local folder or Hugging Face id (overrides the config's).")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="Repository folder (gets tensorrt_llm/).")
+@click.option("--block-size", type=click.IntRange(min=2), help="Verify width; max_draft_len = block_size - 1.")
+@click.option("--max-seq-len", type=click.IntRange(min=16), help="Prompt + output tokens per request.")
+@click.option("--max-batch-size", type=click.IntRange(min=1))
+@click.option("--tp", type=click.IntRange(min=1), help="Tensor-parallel GPUs.")
+@click.option("--kv-cache", type=click.Choice(["auto", "fp8"]))
+@click.option("--gpu-arch", default="auto", show_default=True,
+              help="The server GPU: auto (this machine's), sm90 (Hopper), sm100/sm103 (Blackwell), sm120, ...")
+@click.option("--llmapi-dir", type=click.Path(exists=True, file_okay=False),
+              help="TensorRT-LLM's triton_backend/all_models/llmapi/tensorrt_llm (model.py, helpers.py, config.pbtxt).")
+def llmapi_command(config_path, target, draft, out, block_size, max_seq_len, max_batch_size, tp, kv_cache, gpu_arch,
+                   llmapi_dir):
+    """Write OUT/tensorrt_llm: config.pbtxt + 1/model.yaml with speculative_config {decoding_type: DFlash}."""
+    from dflash_trt.trtllm import llmapi
+
+    arch = llmapi.detect_gpu_arch() if gpu_arch == "auto" else gpu_arch
+    overrides = dict(target=target, draft=draft, block_size=block_size, max_seq_len=max_seq_len,
+                     max_batch_size=max_batch_size, tp=tp, kv_cache=kv_cache)
+    if config_path:
+        from dflash_trt.engine.config import load_build_config
+
+        export = llmapi.from_build_config(load_build_config(config_path), arch, **overrides)
+    else:
+        if not (target and draft):
+            raise click.UsageError("give --config, or --target and --draft")
+        block_size = block_size or llmapi.draft_block_size(draft)
+        if block_size is None:
+            raise click.UsageError(f"--block-size is required ({draft} has no local config.json to read it from)")
+        export = llmapi.LlmapiExport(target=target, draft=draft, block_size=block_size,
+                                     max_seq_len=max_seq_len or 4096, max_batch_size=max_batch_size or 8,
+                                     gpu_arch=arch, tp=tp or 1, kv_cache=kv_cache or "auto")
+    folder = llmapi.write_repository(export, out, llmapi_dir)
+    click.echo(f"repository: {folder.parent} (model tensorrt_llm, DFlash max_draft_len {export.block_size - 1}, "
+               f"attention_backend {llmapi.attention_backend(arch)}, needs tensorrt-llm>={llmapi.TRTLLM_LLMAPI_MIN})")
+    if llmapi_dir is None:
+        click.echo("next: copy model.py and helpers.py from TensorRT-LLM's llmapi model (see 1/README.txt)", err=True)

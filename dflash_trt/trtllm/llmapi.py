@@ -1,0 +1,196 @@
+"""Route B: a Triton repository for TensorRT-LLM's own `llmapi` model with native DFlash.
+
+    OUT/tensorrt_llm/config.pbtxt   Python-backend model "tensorrt_llm" (inputs text_input, streaming,
+                                    sampling_param_*; outputs text_output, ..., acceptance stats)
+    OUT/tensorrt_llm/1/model.yaml   LLM(**kwargs) arguments: backend pytorch, explicit max_seq_len,
+                                    attn_backend TRTLLM, speculative_config {decoding_type: DFlash,
+                                    max_draft_len: block_size - 1, speculative_model, attention_backend}
+    OUT/tensorrt_llm/1/model.py, helpers.py   NVIDIA's files, copied from --llmapi-dir (they must match
+                                    the TensorRT-LLM the server runs); otherwise README.txt says where
+
+Schema (TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm): model.py's
+`auto_complete_config` reads `triton_config.{decoupled, max_batch_size}` from model.yaml and
+`initialize` passes every other key to `LLM(**update_llm_args_with_extra_dict({}, yaml))`.
+DFlashDecodingConfig needs TensorRT-LLM >= 1.3.0rc27 (not 1.2.1); docs/trtllm-backend.md, route B.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from dflash_trt.engine.bundle import write_atomically
+from dflash_trt.engine.config import BuildConfig
+from dflash_trt.errors import ConfigError
+from dflash_trt.trtllm.versions import TRTLLM_LLMAPI_MIN
+
+MODEL_NAME = "tensorrt_llm"
+TRTLLM_ATTENTION_ARCHS = ("sm100", "sm103")  # DFlash attention_backend TRTLLM: FlashInfer trtllm-gen kernels
+GPU_ARCHS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm103", "sm120", "sm121")
+NVIDIA_FILES = ("1/model.py", "1/helpers.py")
+# name, data_type, dims, optional (config.pbtxt of the llmapi model)
+INPUTS = [("text_input", "TYPE_STRING", [-1], False), ("streaming", "TYPE_BOOL", [1], True)] + [
+    (f"sampling_param_{n}", t, d, True) for n, t, d in (
+        ("best_of", "TYPE_INT32", [1]), ("temperature", "TYPE_FP32", [1]), ("top_k", "TYPE_INT32", [1]),
+        ("top_p", "TYPE_FP32", [1]), ("frequency_penalty", "TYPE_FP32", [1]), ("presence_penalty", "TYPE_FP32", [1]),
+        ("max_tokens", "TYPE_INT32", [1]), ("stop", "TYPE_STRING", [-1]), ("seed", "TYPE_UINT64", [1]),
+        ("exclude_input_from_output", "TYPE_BOOL", [1]), ("return_perf_metrics", "TYPE_BOOL", [1]))
+] + [(n, "TYPE_BOOL", [1], True) for n in ("return_finish_reason", "return_stop_reason",
+                                            "return_cumulative_logprob", "stop")]
+OUTPUTS = [("text_output", "TYPE_STRING", [-1]), ("finish_reason", "TYPE_STRING", [-1]),
+           ("stop_reason", "TYPE_STRING", [-1]), ("cumulative_logprob", "TYPE_FP32", [-1])] + [
+    (f"kv_cache_{n}", "TYPE_INT32", [-1]) for n in ("reused_block", "missed_block", "alloc_new_blocks",
+                                                   "alloc_total_blocks")] + [
+    ("kv_cache_hit_rate", "TYPE_FP32", [-1])] + [
+    (f"{n}_time_ns", "TYPE_INT64", [1]) for n in ("arrival", "first_scheduled", "first_token", "last_token")] + [
+    ("acceptance_rate", "TYPE_FP32", [1]), ("total_accepted_draft_tokens", "TYPE_INT32", [1]),
+    ("total_draft_tokens", "TYPE_INT32", [1])]
+
+
+@dataclass(frozen=True)
+class LlmapiExport:
+    target: str  # local folder (absolute) or Hugging Face id
+    draft: str
+    block_size: int  # verify width; max_draft_len = block_size - 1
+    max_seq_len: int
+    max_batch_size: int
+    gpu_arch: str
+    tp: int = 1
+    kv_cache: str = "auto"  # auto | fp8
+    free_gpu_memory_fraction: float = 0.85
+
+    def __post_init__(self):
+        if self.gpu_arch not in GPU_ARCHS:
+            raise ConfigError(f"--gpu-arch {self.gpu_arch!r}: expected one of {', '.join(GPU_ARCHS)}")
+        if self.block_size < 2:
+            raise ConfigError(f"--block-size {self.block_size}: must be >= 2 (max_draft_len = block_size - 1)")
+
+
+def attention_backend(gpu_arch: str) -> str:
+    """DFlash's draft attention: TRTLLM on SM100 / SM103 (Blackwell datacenter), else VANILLA (flash_attn)."""
+    return "TRTLLM" if gpu_arch in TRTLLM_ATTENTION_ARCHS else "VANILLA"
+
+
+def cuda_graph_batch_sizes(max_batch_size: int) -> list[int]:
+    sizes = [1 << i for i in range(max_batch_size.bit_length()) if 1 << i <= max_batch_size]
+    return sizes if sizes[-1] == max_batch_size else sizes + [max_batch_size]
+
+
+def model_yaml(e: LlmapiExport) -> dict:
+    """The llmapi model.yaml: LLM() keyword arguments plus `triton_config`."""
+    kv_cache = {"free_gpu_memory_fraction": e.free_gpu_memory_fraction, "enable_block_reuse": False}
+    if e.kv_cache == "fp8":
+        kv_cache["dtype"] = "fp8"
+    return {
+        "model": e.target,
+        "backend": "pytorch",
+        "tensor_parallel_size": e.tp,
+        "max_batch_size": e.max_batch_size,
+        "max_seq_len": e.max_seq_len,  # explicit: it bounds DFlash's dense context arena
+        "max_num_tokens": max(e.max_seq_len, e.max_batch_size * e.block_size),
+        "attn_backend": "TRTLLM",  # DFlash with FlashInfer target attention is refused
+        "kv_cache_config": kv_cache,
+        "cuda_graph_config": {"batch_sizes": cuda_graph_batch_sizes(e.max_batch_size), "enable_padding": True},
+        "speculative_config": {
+            "decoding_type": "DFlash",
+            "max_draft_len": e.block_size - 1,
+            "speculative_model": e.draft,
+            "attention_backend": attention_backend(e.gpu_arch),
+        },
+        "triton_config": {"max_batch_size": 0, "decoupled": True},
+    }
+
+
+def config_pbtxt() -> str:
+    def block(kind: str, specs) -> str:
+        entries = []
+        for name, dtype, dims, *optional in specs:
+            extra = "\n    optional: true" if optional and optional[0] else ""
+            entries.append(f'  {{\n    name: "{name}"\n    data_type: {dtype}\n    dims: {dims}{extra}\n  }}')
+        return f"{kind} [\n" + ",\n".join(entries) + "\n]\n"
+
+    return (f'# TensorRT-LLM llmapi model (written by dflash-trt export trtllm-llmapi; needs tensorrt-llm>='
+            f'{TRTLLM_LLMAPI_MIN}).\n# max_batch_size and decoupled come from 1/model.yaml triton_config.\n'
+            f'name: "{MODEL_NAME}"\nbackend: "python"\n'
+            "instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]\n"
+            + block("input", INPUTS) + block("output", OUTPUTS))
+
+
+def draft_block_size(draft: str) -> int | None:
+    """The drafter's trained block size from a local config.json (dflash_config first, as z-lab reads it)."""
+    path = Path(draft) / "config.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    value = (data.get("dflash_config") or {}).get("block_size", data.get("block_size"))
+    return int(value) if value is not None else None
+
+
+def check_quantized_target(target: str, quant: str) -> None:
+    """FP8 / NVFP4 on the PyTorch backend means a pre-quantized HF checkpoint; say so if it is not."""
+    folder = Path(target)
+    if quant == "none" or not (folder / "config.json").is_file():
+        return
+    config = json.loads((folder / "config.json").read_text())
+    if not (folder / "hf_quant_config.json").is_file() and "quantization_config" not in config:
+        raise ConfigError(
+            f"{folder}: quant '{quant}' asks for a quantized target, but this folder is unquantized (no "
+            "hf_quant_config.json, no quantization_config); TensorRT-LLM's PyTorch backend loads pre-quantized "
+            "HF checkpoints: point --target at one (e.g. a ModelOpt unified-HF export, or nvidia/*-FP8 / *-FP4)")
+
+
+def write_repository(e: LlmapiExport, out: str | Path, llmapi_dir: str | Path | None = None) -> Path:
+    """Write OUT/tensorrt_llm atomically; returns the model folder."""
+    out = Path(out)
+
+    def fill(tmp: Path) -> None:
+        (tmp / "1").mkdir()
+        (tmp / "1" / "model.yaml").write_text(yaml.safe_dump(model_yaml(e), sort_keys=False))
+        if llmapi_dir is None:
+            (tmp / "config.pbtxt").write_text(config_pbtxt())
+            (tmp / "1" / "README.txt").write_text(
+                "Copy model.py and helpers.py from triton_backend/all_models/llmapi/tensorrt_llm/1/ of the "
+                f"TensorRT-LLM release the server runs (>= {TRTLLM_LLMAPI_MIN}) into this folder, or re-run "
+                "dflash-trt export trtllm-llmapi with --llmapi-dir.\n")
+            return
+        source = Path(llmapi_dir)
+        for rel in ("config.pbtxt", *NVIDIA_FILES):
+            if not (source / rel).is_file():
+                raise ConfigError(f"--llmapi-dir {source}: no {rel}; expected TensorRT-LLM's "
+                                  "triton_backend/all_models/llmapi/tensorrt_llm folder")
+            shutil.copy2(source / rel, tmp / rel)
+
+    out.mkdir(parents=True, exist_ok=True)
+    return write_atomically(out / MODEL_NAME, fill)
+
+
+def from_build_config(cfg: BuildConfig, gpu_arch: str, **overrides) -> LlmapiExport:
+    """An export from a build config (`target` / `draft` resolved like `dflash-trt build` does)."""
+    target = overrides.pop("target", None) or str(cfg.target_path())
+    draft = overrides.pop("draft", None) or str(cfg.draft_path())
+    trained = draft_block_size(draft)
+    block_size = overrides.pop("block_size", None) or cfg.block_size or trained
+    if block_size is None:
+        raise ConfigError(f"{cfg.source}: no block_size and no drafter config.json at {draft}; pass --block-size")
+    if trained is not None and block_size > trained:
+        raise ConfigError(f"{cfg.source}: block_size {block_size} exceeds the drafter's trained {trained} "
+                          "(TensorRT-LLM requires max_draft_len + 1 <= block_size)")
+    check_quantized_target(target, cfg.quant)
+    values = dict(target=target, draft=draft, block_size=block_size,
+                  max_seq_len=cfg.runtime.max_seq_len, max_batch_size=cfg.runtime.max_batch_size, gpu_arch=gpu_arch,
+                  tp=cfg.tp, kv_cache=cfg.kv_cache if cfg.kv_cache == "fp8" else "auto")
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return LlmapiExport(**values)
+
+
+def detect_gpu_arch() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--gpu-arch auto: no CUDA GPU is visible here; pass the server's: {', '.join(GPU_ARCHS)}")
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm{major}{minor}"
