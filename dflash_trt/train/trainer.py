@@ -161,22 +161,44 @@ class _FieldProgress:
         self.progress.advance(task, n)
 
 
+class TargetFeatures:
+    """`target_hidden` [B, S, n*H] of training rows from the frozen target: computed once for the whole
+    dataset when it fits in `budget_bytes` (the target then runs once, not once per step), else per batch."""
+
+    def __init__(self, target, tokens: torch.Tensor, taps: tuple[int, ...], budget_bytes: float = 4e9, chunk: int = 16):
+        self.target, self.tokens, self.taps = target, tokens, taps
+        self.device = target.lm_head.weight.device
+        need = tokens.numel() * len(taps) * target.config.dims.hidden_size * 4
+        self.table = None
+        if need <= budget_bytes:
+            self.table = torch.cat([self._compute(tokens[i : i + chunk]) for i in range(0, len(tokens), chunk)])
+
+    @torch.no_grad()
+    def _compute(self, batch: torch.Tensor) -> torch.Tensor:
+        b, s = batch.shape
+        cache = self.target.new_cache(b, s)
+        positions = torch.arange(s, device=self.device)[None].expand(b, -1)
+        _, hidden = self.target(batch.to(self.device), positions, cache, torch.arange(b, device=self.device),
+                                self.taps, logit_rows=positions[:, :1])
+        return hidden
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.table is not None:
+            return self.table[rows.to(self.table.device)]
+        return self._compute(self.tokens[rows])
+
+
 @torch.enable_grad()  # robust to a caller that disabled autograd globally
 def _loop(cfg, target, draft, optimizer, tokens, loss_mask, step, state_dir, progress, task) -> dict:
     """The optimisation loop: batch -> target taps -> blocks -> drafter -> decayed CE."""
-    taps = draft.config.target_layer_ids
-    device = tokens.device if tokens.device == target.lm_head.weight.device else target.lm_head.weight.device
+    features = TargetFeatures(target, tokens, draft.config.target_layer_ids)
     draft.train()
     recent, history, t0 = [], [], time.perf_counter()
     while step < cfg.steps:
         g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         rows = torch.randint(0, tokens.shape[0], (cfg.batch_size,), generator=g)
         batch_tokens, batch_mask = tokens[rows], loss_mask[rows]
-        with torch.no_grad():
-            cache = target.new_cache(cfg.batch_size, cfg.seq_len)
-            positions = torch.arange(cfg.seq_len)[None].expand(cfg.batch_size, -1)
-            _, target_hidden = target(batch_tokens.to(device), positions.to(device), cache,
-                                      torch.arange(cfg.batch_size, device=device), taps, logit_rows=positions[:, :1].to(device))
+        target_hidden = features(rows)
         blocks = sample_blocks(batch_tokens, batch_mask, cfg.num_anchors, cfg.block_size,
                                draft.config.mask_token_id, cfg.gamma, g)
         logits = draft_training_logits(draft, target, target_hidden, blocks)
