@@ -110,3 +110,15 @@ def test_block_size_one_service_is_plain_autoregressive(loaded_tiny_pair):
         assert all(set(g.acceptance_lengths) <= {1} for g in got)
     finally:
         svc.shutdown()
+
+
+def test_block_size_schedule_narrows_busy_steps_and_stays_lossless(loaded_tiny_pair):
+    limits = ServiceLimits(max_batch_size=6, max_seq_len=128, block_size=8, block_size_schedule={3: 4, 5: 2})
+    svc = DFlashService(loaded_tiny_pair, limits)
+    try:
+        assert [svc.scheduler.verify_width(b) for b in (1, 2, 3, 4, 5, 6)] == [8, 8, 4, 4, 2, 2]
+        requests = _requests(0.7, n=9, seed=31)
+        got = svc.generate(requests)
+        assert [g.tokens for g in got] == [e.tokens for e in autoregressive_generate(loaded_tiny_pair.target, requests)]
+    finally:
+        svc.shutdown()

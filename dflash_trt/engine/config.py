@@ -36,6 +36,9 @@ class RuntimeConfig:
     device: str = "auto"
     max_batch_size: int = 8
     max_seq_len: int = 1024
+    # {batch size: block size}: steps with at least that many requests verify narrower blocks
+    # (busy steps are compute-bound; lossless at any width). Empty: always the bundle's block size.
+    block_size_schedule: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -104,6 +107,9 @@ def _check(cfg: BuildConfig, where: str) -> None:
         bad("block_size", f"must be >= 2, got {cfg.block_size}")
     if cfg.runtime.max_batch_size < 1:
         bad("runtime.max_batch_size", f"must be >= 1, got {cfg.runtime.max_batch_size}")
+    for batch, block in cfg.runtime.block_size_schedule.items():
+        if not (isinstance(batch, int) and isinstance(block, int) and batch >= 1 and block >= 2):
+            bad("runtime.block_size_schedule", f"expected {{batch size >= 1: block size >= 2}}, got {batch!r}: {block!r}")
     if cfg.runtime.max_seq_len < 16:
         bad("runtime.max_seq_len", f"must be >= 16, got {cfg.runtime.max_seq_len}")
     if cfg.golden.max_new_tokens < 1:
@@ -135,6 +141,8 @@ def _section(cls, data, where: str, prefix: str):
 def _type_ok(value, expected: str) -> bool:
     if "list" in expected:
         return isinstance(value, list)
+    if expected.startswith("dict"):
+        return isinstance(value, dict)
     if expected.startswith("int"):
         return isinstance(value, int) and not isinstance(value, bool)
     if expected.startswith("float"):

@@ -6,7 +6,8 @@ Slots index static per-slot caches, so rewinding a slot is only a length change.
 - TargetRunner.prefill(slots, prompts, sampling) -> (first tokens [B], taps [B, T, n*H], positions [B, T], lengths [B])
 - TargetRunner.verify(slots, blocks [B, K+1], start [B], sampling) -> (tokens [B, K+1], accepted [B], taps [B, K+1, n*H])
 - TargetRunner.commit(slots, lengths [B])
-- DraftRunner.append_context(slots, taps, positions, valid); DraftRunner.propose(slots, bonus [B], start [B]) -> drafts [B, K]
+- DraftRunner.append_context(slots, taps, positions, valid)
+- DraftRunner.propose(slots, bonus [B], start [B], block_size=None) -> drafts [B, K]  (K = block_size - 1 <= max)
 - DraftRunner.commit(slots, lengths [B])
 
 A backend (torch here; trtllm engines elsewhere) implements only these calls.
@@ -39,7 +40,7 @@ class DraftRunner(Protocol):
     block_size: int
 
     def append_context(self, slots, taps, positions, valid): ...
-    def propose(self, slots, bonus, start): ...
+    def propose(self, slots, bonus, start, block_size=None): ...
     def commit(self, slots, lengths): ...
 
 
@@ -84,10 +85,13 @@ class TorchDraftRunner:
         self.draft.append_context(taps, positions, self.cache, slots, valid)
 
     @torch.inference_mode()
-    def propose(self, slots: torch.Tensor, bonus: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-        block = torch.full((slots.numel(), self.block_size), self.mask_token_id, dtype=torch.int64, device=self.device)
+    def propose(self, slots: torch.Tensor, bonus: torch.Tensor, start: torch.Tensor,
+                block_size: int | None = None) -> torch.Tensor:
+        """Drafts [B, block_size - 1] for blocks [bonus, MASK x K] opened at `start` (K may vary per step)."""
+        width = min(block_size or self.block_size, self.block_size)
+        block = torch.full((slots.numel(), width), self.mask_token_id, dtype=torch.int64, device=self.device)
         block[:, 0] = bonus
-        positions = start[:, None] + torch.arange(self.block_size, device=self.device)[None, :]
+        positions = start[:, None] + torch.arange(width, device=self.device)[None, :]
         hidden = self.draft(self.target.embed(block), positions, self.cache, slots)
         return self.draft.logits(hidden[:, 1:], self.target.lm_head).argmax(dim=-1)
 

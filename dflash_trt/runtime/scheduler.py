@@ -91,11 +91,14 @@ class Sequence:
 class Scheduler:
     def __init__(self, target: TargetRunner, draft: DraftRunner | None, n_slots: int, capacity: int,
                  detokenize: Detokenize | None = None, max_prefill_batch: int = 8, device="cpu",
-                 on_step: Callable[[StepStats], None] | None = None):
+                 on_step: Callable[[StepStats], None] | None = None,
+                 block_size_schedule: dict[int, int] | None = None):
         self.target, self.draft, self.capacity = target, draft, capacity
         self.detokenize, self.max_prefill_batch, self.device = detokenize, max_prefill_batch, device
         self.on_step = on_step
         self.block_size = draft.block_size if draft is not None else 1  # no drafter: autoregressive
+        # batch size -> verify width: from each key up, use that (smaller) block; lossless at any width
+        self.block_size_schedule = dict(sorted((block_size_schedule or {}).items()))
         self.free_slots = list(range(n_slots))
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}
@@ -224,6 +227,14 @@ class Scheduler:
             self._commit(seq, [token])
         return n
 
+    def verify_width(self, batch: int) -> int:
+        """Block size for a step of `batch` rows: the schedule's entry at or below `batch`, capped."""
+        width = self.block_size
+        for threshold, block in self.block_size_schedule.items():
+            if batch >= threshold:
+                width = min(self.block_size, block)
+        return width
+
     def _commit(self, seq: Sequence, tokens: list[int], accepted: int | None = None) -> int:
         """Commit target tokens (stops applied), record acceptance, stream, finish if done."""
         kept = seq.row.commit(tokens)
@@ -243,7 +254,7 @@ class Scheduler:
         start = torch.tensor([s.start for s in seqs], device=self.device)
         t0 = time.perf_counter()
         if self.draft is not None:
-            drafts = self.draft.propose(slots, bonus, start)  # [n, K]
+            drafts = self.draft.propose(slots, bonus, start, self.verify_width(len(seqs)))  # [n, K]
         else:
             drafts = torch.zeros(len(seqs), 0, dtype=torch.int64, device=self.device)  # K = 0: plain AR
         t1 = time.perf_counter()

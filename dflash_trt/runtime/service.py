@@ -23,6 +23,7 @@ class ServiceLimits:
     max_batch_size: int = 8  # slots decoded together
     max_seq_len: int = 1024  # prompt + generated tokens per request
     block_size: int | None = None  # default: the drafter's; 1 = autoregressive (no drafter)
+    block_size_schedule: dict[int, int] | None = None  # {batch size: smaller block size} for busy steps
 
 
 class DFlashService:
@@ -38,7 +39,8 @@ class DFlashService:
             if block_size > 1 else None
         detokenize = pair.detokenize if pair.tokenizer is not None else None
         self.scheduler = Scheduler(target, draft, limits.max_batch_size, capacity, detokenize,
-                                   device=target.device, on_step=on_step)
+                                   device=target.device, on_step=on_step,
+                                   block_size_schedule=limits.block_size_schedule)
         self.thread = threading.Thread(target=self._run, name="dflash-scheduler", daemon=True)
         self.error: BaseException | None = None
         self.thread.start()

@@ -113,8 +113,10 @@ class Orchestrator:
         manifest, pair = load_bundle(params["bundle_path"], device=params.get("device") or None)
         runtime = manifest["config"]["runtime"]
         block_size = 1 if params.get("mode") == "autoregressive" else manifest["block_size"]
+        schedule = {int(k): int(v) for k, v in runtime.get("block_size_schedule", {}).items()}
         self.limits = ServiceLimits(int(params.get("max_batch_size", runtime["max_batch_size"])),
-                                    int(params.get("max_seq_len", runtime["max_seq_len"])), block_size)
+                                    int(params.get("max_seq_len", runtime["max_seq_len"])), block_size,
+                                    schedule if block_size > 1 else None)
         self.pair = pair
         self.eos_ids = frozenset(pair.target.config.eos_token_ids) | (
             {pair.tokenizer.eos_token_id} if pair.tokenizer is not None and pair.tokenizer.eos_token_id is not None else set())
