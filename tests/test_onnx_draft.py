@@ -63,14 +63,16 @@ def _requests(vocab: int, seed: int = 0) -> list[Request]:
                     StopCriteria(32)) for i, (n, t) in enumerate(shapes)]
 
 
-def _check_lockstep_decode(pair, folder: Path, requests: list[Request]) -> Lockstep:
+def _check_lockstep_decode(pair, folder: Path, requests: list[Request], schedule=None) -> Lockstep:
     block_size, capacity = pair.draft.config.block_size, MAX_SEQ + pair.draft.config.block_size + 1
     taps = pair.draft.config.target_layer_ids
     torch_draft = TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, block_size)
     lockstep = Lockstep(torch_draft, ort_draft_runner(folder, SLOTS))
-    got = decode(TorchTargetRunner(pair.target, SLOTS, capacity, taps), lockstep, requests, SLOTS, capacity)
+    got = decode(TorchTargetRunner(pair.target, SLOTS, capacity, taps), lockstep, requests, SLOTS, capacity,
+                 block_size_schedule=schedule)
     reference = decode(TorchTargetRunner(pair.target, SLOTS, capacity, taps),
-                       TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, block_size), requests, SLOTS, capacity)
+                       TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, block_size), requests, SLOTS, capacity,
+                       block_size_schedule=schedule)
     ar = decode(TorchTargetRunner(pair.target, SLOTS, capacity, ()), None, requests, SLOTS, capacity)
     for step, (expected, proposed) in enumerate(lockstep.steps):
         assert torch.equal(expected, proposed), f"step {step}: onnxruntime proposed {proposed} != torch {expected}"
@@ -120,16 +122,23 @@ def test_onnx_context_graph_writes_the_torch_context_cache(exported):
         for runner in (torch_draft, graph_draft):
             runner.commit(slots, lengths)
         bonus = torch.randint(0, spec.vocab_size, (3,), generator=g)
-        assert torch.equal(torch_draft.propose(slots, bonus, lengths), graph_draft.propose(slots, bonus, lengths))
+        for width in (block, 2 + round_):
+            assert torch.equal(torch_draft.propose(slots, bonus, lengths, width),
+                               graph_draft.propose(slots, bonus, lengths, width))
     for s, n in zip(slots.tolist(), lengths.tolist()):
         torch.testing.assert_close(graph_draft.k[:, s, :, :n], torch_draft.cache.k[:, s, :, :n], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(graph_draft.v[:, s, :, :n], torch_draft.cache.v[:, s, :, :n], atol=1e-5, rtol=1e-5)
 
 
-def test_onnx_draft_decode_is_token_identical_to_torch(exported):
+@pytest.mark.parametrize("schedule", [None, {2: 5, 4: 3}])
+def test_onnx_draft_decode_is_token_identical_to_torch(exported, schedule):
+    """Full block, and a verify-width schedule that narrows the block as the batch grows."""
     pair, folder, _ = exported
-    lockstep = _check_lockstep_decode(pair, folder, _requests(pair.target.config.vocab_size))
+    lockstep = _check_lockstep_decode(pair, folder, _requests(pair.target.config.vocab_size), schedule)
     assert len(lockstep.steps) > 20
+    widths = {proposed.shape[1] + 1 for _, proposed in lockstep.steps}
+    full = pair.draft.config.block_size
+    assert widths == {full} if schedule is None else {5, 3} <= widths <= {full, 5, 3}
 
 
 @pytest.mark.parametrize("target,draft", [("tiny-qwen3", "tiny-qwen3-dflash")])

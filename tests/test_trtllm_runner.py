@@ -103,8 +103,10 @@ def test_tail_rows_clamp_to_each_request():
     assert valid.tolist() == [1, 4, 4]
 
 
-def test_runner_decodes_losslessly_against_the_engine_contract(loaded_tiny_pair, tmp_path):
-    """Emulated target engine + the ONNX draft graphs on onnxruntime == the torch path == AR."""
+@pytest.mark.parametrize("schedule", [None, {3: 4}])
+def test_runner_decodes_losslessly_against_the_engine_contract(loaded_tiny_pair, tmp_path, schedule):
+    """Emulated target engine + the ONNX draft graphs on onnxruntime == the torch path == AR
+    (full blocks, and narrower verify widths: the engine's tail is K+1 rows, the runner reads the last w)."""
     pytest.importorskip("onnxruntime")
     from dflash_trt.trtllm.draft_runner import ort_draft_runner
     from dflash_trt.trtllm.onnx_export import export_draft_graphs, spec_for
@@ -116,9 +118,10 @@ def test_runner_decodes_losslessly_against_the_engine_contract(loaded_tiny_pair,
     requests = _requests(pair.target.config.vocab_size)
     runner, emulator = _runner(pair)
     draft = ort_draft_runner(tmp_path, SLOTS)
-    got = decode(runner, draft, requests, SLOTS, capacity)
+    got = decode(runner, draft, requests, SLOTS, capacity, block_size_schedule=schedule)
     reference = decode(TorchTargetRunner(pair.target, SLOTS, capacity, d.target_layer_ids),
-                       TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, d.block_size), requests, SLOTS, capacity)
+                       TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, d.block_size), requests, SLOTS, capacity,
+                       block_size_schedule=schedule)
     ar_runner, _ = _runner(pair)
     ar = decode(ar_runner, None, requests, SLOTS, capacity)  # blocks of 1: the last tail row
     assert [r.tokens for r in got] == [r.tokens for r in reference] == [r.tokens for r in ar]

@@ -6,8 +6,9 @@ rewind is only a length change and slots never move:
 
 - `append_context(slots, taps [B, T, n*H], positions [B, T], valid [B, T])`: the valid rows go
   through `draft_context` as one flat batch; their K/V are written at (slot, position).
-- `propose(slots, bonus [B], start [B]) -> drafts [B, K]`: the slots' caches up to the longest
-  committed length are gathered into contiguous `[L, B, kvh, S, D]` tensors for `draft_propose`.
+- `propose(slots, bonus [B], start [B], block_size=None) -> drafts [B, Q-1]`: the block
+  [bonus, MASK x (Q-1)] (Q = block_size, at most the exported one) and the slots' caches up to the
+  longest committed length, gathered into contiguous `[L, B, kvh, S, D]`, go to `draft_propose`.
 - `commit(slots, lengths [B])`: the committed context length of each slot.
 """
 
@@ -53,15 +54,18 @@ class GraphDraftRunner:
         self.v[:, rows, :, pos] = out["context_v"].to(self.device, self.dtype).permute(1, 0, 2, 3)
 
     @torch.inference_mode()
-    def propose(self, slots, bonus, start) -> torch.Tensor:
-        """drafts [B, K] (int64) for blocks [bonus, MASK x K] at positions start..start+K."""
+    def propose(self, slots, bonus, start, block_size: int | None = None) -> torch.Tensor:
+        """drafts [B, Q-1] (int64) for blocks [bonus, MASK x (Q-1)] at positions start..start+Q-1."""
+        width = min(block_size or self.block_size, self.block_size)
         slots = slots.to(self.device)
         lengths = self.lengths[slots]  # [B]
-        if int(start.max()) + self.block_size > self.spec.capacity:
+        if int(start.max()) + width > self.spec.capacity:
             raise IndexError(f"draft block beyond capacity {self.spec.capacity} (start {int(start.max())})")
+        block = torch.full((slots.numel(), width), self.spec.mask_token_id, dtype=torch.int64, device=self.device)
+        block[:, 0] = bonus.to(self.device)
         s = max(1, int(lengths.max()))
         out = self.propose_session.run({
-            "bonus": bonus.to(self.device, torch.int64), "start": start.to(self.device, torch.int64),
+            "block_ids": block, "start": start.to(self.device, torch.int64),
             "context_k": self.k[:, slots, :, :s].contiguous(), "context_v": self.v[:, slots, :, :s].contiguous(),
             "context_lengths": lengths.contiguous(),
         })

@@ -15,9 +15,11 @@ from dflash_trt.spec.requests import GenerationResult, Request, StopCriteria
 
 
 def decode(target: TargetRunner, draft: DraftRunner | None, requests: list[Request], n_slots: int, capacity: int,
-           device="cpu", detokenize=None, max_steps: int = 100_000) -> list[GenerationResult]:
+           device="cpu", detokenize=None, max_steps: int = 100_000,
+           block_size_schedule: dict[int, int] | None = None) -> list[GenerationResult]:
     """Results in request order; `draft=None` decodes autoregressively (block of 1)."""
-    scheduler = Scheduler(target, draft, n_slots, capacity, detokenize, device=device)
+    scheduler = Scheduler(target, draft, n_slots, capacity, detokenize, device=device,
+                          block_size_schedule=block_size_schedule)
     results: dict[int, GenerationResult] = {}
     errors: list[str] = []
 

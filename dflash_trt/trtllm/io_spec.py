@@ -63,16 +63,18 @@ class DraftGraphSpec:
     def propose_io(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
         f = self.float_dtype
         kv = (self.num_layers, "batch", self.num_kv_heads, "context_len", self.head_dim)  # [L, B, kvh, S, D]
-        inputs = [TensorSpec("bonus", "int64", ("batch",)), TensorSpec("start", "int64", ("batch",)),
+        inputs = [TensorSpec("block_ids", "int64", ("batch", "block")),  # [B, Q]: [bonus, MASK x (Q-1)]
+                  TensorSpec("start", "int64", ("batch",)),
                   TensorSpec("context_k", f, kv), TensorSpec("context_v", f, kv),
                   TensorSpec("context_lengths", "int64", ("batch",))]
-        return inputs, [TensorSpec("drafts", "int64", ("batch", self.num_drafts))]  # [B, K]
+        return inputs, [TensorSpec("drafts", "int64", ("batch", "num_drafts"))]  # [B, Q-1]
 
     def dim_ranges(self) -> dict[str, tuple[int, int, int]]:
         """min / opt / max of every symbolic dim (the TensorRT optimization profile)."""
         b = self.max_batch_size
         return {"num_tokens": (1, min(256, b * self.capacity), b * self.capacity),
                 "batch": (1, max(1, b // 2), b),
+                "block": (2, self.block_size, self.block_size),  # verify width may shrink per step
                 "context_len": (1, max(1, self.capacity // 2), self.capacity)}
 
     def profile(self, graph: str) -> dict[str, tuple[tuple[int, ...], ...]]:

@@ -55,14 +55,14 @@ def rms_norm_symbolic(opset: int = OPSET):
 
 def sample_inputs(specs: list[TensorSpec], spec: DraftGraphSpec) -> tuple[torch.Tensor, ...]:
     """Small example tensors for tracing (symbolic dims become distinct small sizes)."""
-    sizes = {"num_tokens": 3, "batch": 2, "context_len": 5}
+    sizes = {"num_tokens": 3, "batch": 2, "context_len": 5, "block": spec.block_size}
     out = []
     for t in specs:
         shape = tuple(sizes[d] if isinstance(d, str) else d for d in t.dims)
         dtype = TORCH_DTYPES[t.dtype]
         if dtype.is_floating_point:
             out.append(torch.randn(shape).to(dtype))
-        elif t.name == "bonus":
+        elif t.name == "block_ids":
             out.append(torch.randint(0, spec.vocab_size, shape))
         elif t.name == "context_lengths":
             out.append(torch.full(shape, sizes["context_len"]))
@@ -77,7 +77,7 @@ def dynamic_axes(inputs: list[TensorSpec], outputs: list[TensorSpec]) -> dict[st
 
 def graph_modules(draft: DFlashDraft, target: Target, spec: DraftGraphSpec) -> dict[str, torch.nn.Module]:
     return {"context": DraftContextGraph(draft, spec.capacity).eval(),
-            "propose": DraftProposeGraph(draft, target, spec.block_size, spec.capacity).eval()}
+            "propose": DraftProposeGraph(draft, target, spec.capacity).eval()}
 
 
 def export_graph(module: torch.nn.Module, io: tuple[list[TensorSpec], list[TensorSpec]], spec: DraftGraphSpec,

@@ -7,9 +7,10 @@ RoPE and MLP code) but take the cache as tensors, so one graph serves every batc
 - `DraftContextGraph(target_hidden [N, n*H], positions [N]) -> context_k, context_v [L, N, kvh, D]`:
   `fc` -> `hidden_norm` -> per layer k_norm(k_proj) with RoPE at the absolute position, v_proj
   (what `DFlashDraft.append_context` writes into the cache).
-- `DraftProposeGraph(bonus [B], start [B], context_k, context_v [L, B, kvh, S, D],
-  context_lengths [B]) -> drafts [B, K]`: the noise block [bonus, MASK x K] embedded with the
-  TARGET's embed_tokens at positions start..start+K, attention over [context ; block] (context
+- `DraftProposeGraph(block_ids [B, Q], start [B], context_k, context_v [L, B, kvh, S, D],
+  context_lengths [B]) -> drafts [B, Q-1]`: the noise block [bonus, MASK x (Q-1)] (Q <= the
+  exported block_size; the scheduler may narrow it per step) embedded with the TARGET's
+  embed_tokens at positions start..start+Q-1, attention over [context ; block] (context
   masked by its length, non-causal inside the block; causal + window on sliding layers), draft
   `norm`, TARGET `lm_head` (multiplier, softcap), argmax (what `DFlashDraft.forward` +
   `TorchDraftRunner.propose` compute).
@@ -94,19 +95,16 @@ class DraftContextGraph(nn.Module):
 
 
 class DraftProposeGraph(nn.Module):
-    def __init__(self, draft: DFlashDraft, target: Target, block_size: int, capacity: int):
+    def __init__(self, draft: DFlashDraft, target: Target, capacity: int):
         super().__init__()
         self.draft, self.embed_tokens, self.lm_head = draft, target.model.embed_tokens, target.lm_head
         self.rope = RopeTable(draft.rotary, capacity, draft.fc.weight.dtype)
-        self.register_buffer("masks", torch.full((1, block_size - 1), draft.config.mask_token_id), persistent=False)
-        self.register_buffer("offsets", torch.arange(block_size), persistent=False)
 
-    def forward(self, bonus, start, context_k, context_v, context_lengths) -> torch.Tensor:
-        """bonus, start, context_lengths [B] int64; context_k/v [L, B, kvh, S, D] -> drafts [B, K] int64."""
+    def forward(self, block_ids, start, context_k, context_v, context_lengths) -> torch.Tensor:
+        """block_ids [B, Q]; start, context_lengths [B]; context_k/v [L, B, kvh, S, D] -> drafts [B, Q-1] int64."""
         d = self.draft
-        block = torch.cat([bonus[:, None], self.masks.expand(bonus.shape[0], -1)], dim=1)  # [B, Q]
-        positions = start[:, None] + self.offsets[None, :]  # [B, Q]
-        x = self.embed_tokens(block).to(d.fc.weight.dtype) * d.config.input_embedding_scale
+        positions = start[:, None] + torch.arange(block_ids.shape[1], device=start.device)[None, :]  # [B, Q]
+        x = self.embed_tokens(block_ids).to(d.fc.weight.dtype) * d.config.input_embedding_scale
         cos, sin = self.rope(positions)
         masks = {}
         for i, layer in enumerate(d.layers):

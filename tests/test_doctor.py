@@ -1,0 +1,87 @@
+"""`dflash-trt doctor`: every component reported found or missing, with what to install."""
+
+import json
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from dflash_trt.cli import cli
+from dflash_trt.errors import MissingDependencyError
+from dflash_trt.trtllm import doctor, versions
+
+COMPONENTS = ["gpu", "compute capability", "cuda (driver)", "nvcc", "torch", "tensorrt", "tensorrt_llm",
+              "tritonserver", "nvidia-modelopt", "onnx", "onnxruntime", "DFlashVerify plugin"]
+SMI_QUERY = "NVIDIA H200, 9.0, 580.65.06\n"
+SMI_HEADER = "| NVIDIA-SMI 580.65.06   Driver Version: 580.65.06   CUDA Version: 13.0 |\n"
+
+
+def _fake_run(gpu: str | None):
+    def run(command, timeout=10.0):
+        if command[0] == "nvidia-smi":
+            return None if gpu is None else (gpu if len(command) > 1 else SMI_HEADER)
+        if command[0] == "nvcc":
+            return "Cuda compilation tools, release 13.0, V13.0.48\n"
+        return None
+    return run
+
+
+@pytest.fixture
+def no_gpu_stack(monkeypatch):
+    for module in ("tensorrt", "tensorrt_llm"):
+        monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.setattr(doctor, "run", _fake_run(None))
+
+
+def test_doctor_reports_every_component_with_fixes(no_gpu_stack):
+    rows = {r["component"]: r for r in doctor.diagnose()}
+    assert list(rows) == COMPONENTS
+    assert rows["gpu"]["status"] == "missing" and "driver" in rows["gpu"]["fix"]
+    assert rows["tensorrt_llm"]["status"] == "missing" and "tensorrt-llm==1.2.1" in rows["tensorrt_llm"]["fix"]
+    assert "1.3.0rc27" in rows["tensorrt_llm"]["detail"]
+    assert rows["tensorrt"]["status"] == "missing" and "10.14" in rows["tensorrt"]["fix"]
+    assert rows["nvcc"] == {"component": "nvcc", "status": "ok", "version": "13.0", "detail": rows["nvcc"]["detail"],
+                            "fix": ""}
+    assert all(r["status"] in ("ok", "missing", "warn") for r in rows.values())
+    assert all(r["fix"] for r in rows.values() if r["status"] == "missing")
+
+
+@pytest.mark.parametrize("query,arch,notes", [
+    ("NVIDIA H200, 9.0, 580.65.06", "sm90", "fp8, no nvfp4, DFlash attention VANILLA"),
+    ("NVIDIA B200, 10.0, 580.65.06", "sm100", "fp8, nvfp4, DFlash attention TRTLLM"),
+    ("NVIDIA RTX PRO 6000, 12.0, 580.65.06", "sm120", "fp8, nvfp4, DFlash attention VANILLA"),
+])
+def test_doctor_reads_the_gpu(monkeypatch, query, arch, notes):
+    monkeypatch.setattr(doctor, "run", _fake_run(query + "\n"))
+    rows = {r["component"]: r for r in doctor.probe_gpu()}
+    assert rows["gpu"]["version"] == query.split(",")[0] and rows["gpu"]["status"] == "ok"
+    assert rows["compute capability"]["version"] == arch and rows["compute capability"]["detail"] == notes
+    assert rows["cuda (driver)"]["version"] == "13.0"
+
+
+def test_tritonserver_missing_is_reported(monkeypatch):
+    import dflash_trt.triton.server as server
+
+    def missing():
+        raise MissingDependencyError("no tritonserver")
+
+    monkeypatch.setattr(server, "find_tritonserver", missing)
+    (row,) = doctor.probe_tritonserver()
+    assert row["status"] == "missing" and "nvidia-pytriton" in row["fix"]
+
+
+@pytest.mark.parametrize("version,engine,llmapi", [("1.2.1", True, False), ("1.2.0", True, False),
+                                                   ("1.3.0rc15", False, False), ("1.3.0rc27", False, True),
+                                                   ("1.3.0", False, True), ("1.4.0rc1", False, True)])
+def test_which_route_a_tensorrt_llm_version_serves(version, engine, llmapi):
+    assert versions.serves_engine_route(version) is engine
+    assert versions.serves_llmapi_route(version) is llmapi
+
+
+def test_doctor_cli_table_and_json(no_gpu_stack):
+    result = CliRunner().invoke(cli, ["doctor", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["components"]
+    assert [r["component"] for r in rows] == COMPONENTS
+    result = CliRunner().invoke(cli, ["doctor"])
+    assert result.exit_code == 0 and "tensorrt_llm" in result.output and "missing" in result.output

@@ -1,0 +1,137 @@
+"""`dflash-trt export trtllm-llmapi`: model.yaml and config.pbtxt against TensorRT-LLM's llmapi model schema.
+
+Schema facts, from NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm:
+- config.pbtxt@0a71057: name "tensorrt_llm", backend "python", one KIND_CPU instance; max_batch_size and
+  the transaction policy are NOT in config.pbtxt ("specific in model.yaml"); the inputs / outputs below.
+- 1/model.py@044a90d: `auto_complete_config` reads model.yaml `triton_config["decoupled"]` and
+  `["max_batch_size"]`; `initialize` passes every other key to `LLM(**update_llm_args_with_extra_dict({}, cfg))`.
+- DFlashDecodingConfig (API reference, TensorRT-LLM 1.3.0rc27): the field names below; decoding_type
+  "DFlash"; attention_backend VANILLA | TRTLLM; max_draft_len + 1 <= the drafter's block_size.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from dflash_trt.cli import cli
+from dflash_trt.trtllm.llmapi import LlmapiExport, attention_backend, config_pbtxt, model_yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DFLASH_FIELDS = {"max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency",
+                 "draft_len_schedule", "load_format", "acceptance_rate_window_size", "acceptance_rate_threshold",
+                 "use_rejection_sampling", "allow_advanced_sampling", "advanced_sampling_mode", "enable_penalty",
+                 "mask_token_id", "target_layer_ids", "decoding_type", "attention_backend"}
+UPSTREAM_INPUTS = {  # name: (data_type, dims, optional)
+    "text_input": ("TYPE_STRING", [-1], False), "streaming": ("TYPE_BOOL", [1], True),
+    "sampling_param_best_of": ("TYPE_INT32", [1], True), "sampling_param_temperature": ("TYPE_FP32", [1], True),
+    "sampling_param_top_k": ("TYPE_INT32", [1], True), "sampling_param_top_p": ("TYPE_FP32", [1], True),
+    "sampling_param_frequency_penalty": ("TYPE_FP32", [1], True),
+    "sampling_param_presence_penalty": ("TYPE_FP32", [1], True),
+    "sampling_param_max_tokens": ("TYPE_INT32", [1], True), "sampling_param_stop": ("TYPE_STRING", [-1], True),
+    "sampling_param_seed": ("TYPE_UINT64", [1], True),
+    "sampling_param_exclude_input_from_output": ("TYPE_BOOL", [1], True),
+    "sampling_param_return_perf_metrics": ("TYPE_BOOL", [1], True),
+    "return_finish_reason": ("TYPE_BOOL", [1], True), "return_stop_reason": ("TYPE_BOOL", [1], True),
+    "return_cumulative_logprob": ("TYPE_BOOL", [1], True), "stop": ("TYPE_BOOL", [1], True),
+}
+UPSTREAM_OUTPUTS = {
+    "text_output": ("TYPE_STRING", [-1]), "finish_reason": ("TYPE_STRING", [-1]), "stop_reason": ("TYPE_STRING", [-1]),
+    "cumulative_logprob": ("TYPE_FP32", [-1]), "kv_cache_reused_block": ("TYPE_INT32", [-1]),
+    "kv_cache_missed_block": ("TYPE_INT32", [-1]), "kv_cache_alloc_new_blocks": ("TYPE_INT32", [-1]),
+    "kv_cache_alloc_total_blocks": ("TYPE_INT32", [-1]), "kv_cache_hit_rate": ("TYPE_FP32", [-1]),
+    "arrival_time_ns": ("TYPE_INT64", [1]), "first_scheduled_time_ns": ("TYPE_INT64", [1]),
+    "first_token_time_ns": ("TYPE_INT64", [1]), "last_token_time_ns": ("TYPE_INT64", [1]),
+    "acceptance_rate": ("TYPE_FP32", [1]), "total_accepted_draft_tokens": ("TYPE_INT32", [1]),
+    "total_draft_tokens": ("TYPE_INT32", [1]),
+}
+
+
+def parse_tensors(text: str, kind: str) -> dict:
+    body = re.search(rf"^{kind} \[(.*?)^\]", text, re.S | re.M).group(1)
+    out = {}
+    for entry in re.findall(r"\{(.*?)\}", body, re.S):
+        name = re.search(r'name: "(\w+)"', entry).group(1)
+        dims = json.loads(re.search(r"dims: (\[[^\]]*\])", entry).group(1))
+        out[name] = (re.search(r"data_type: (\w+)", entry).group(1), dims, "optional: true" in entry)
+    return out
+
+
+def _export(**kw) -> LlmapiExport:
+    values = dict(target="/models/Qwen3-8B", draft="/models/Qwen3-8B-DFlash-b16", block_size=16, max_seq_len=4096,
+                  max_batch_size=8, gpu_arch="sm90")
+    return LlmapiExport(**{**values, **kw})
+
+
+def test_config_pbtxt_matches_the_llmapi_model():
+    text = config_pbtxt()
+    assert re.search(r'^name: "tensorrt_llm"$', text, re.M) and re.search(r'^backend: "python"$', text, re.M)
+    assert "kind: KIND_CPU" in text and "count: 1" in text
+    assert not re.search(r"^\s*max_batch_size:", text, re.M) and "model_transaction_policy" not in text
+    assert parse_tensors(text, "input") == UPSTREAM_INPUTS
+    outputs = {name: spec[:2] for name, spec in parse_tensors(text, "output").items()}
+    assert outputs == UPSTREAM_OUTPUTS
+
+
+@pytest.mark.parametrize("arch,backend", [("sm90", "VANILLA"), ("sm100", "TRTLLM"), ("sm103", "TRTLLM"),
+                                          ("sm120", "VANILLA"), ("sm89", "VANILLA")])
+def test_model_yaml_dflash_config(arch, backend):
+    cfg = model_yaml(_export(gpu_arch=arch, kv_cache="fp8"))
+    spec = cfg["speculative_config"]
+    assert set(spec) <= DFLASH_FIELDS and spec["decoding_type"] == "DFlash"
+    assert spec["max_draft_len"] == 15 and spec["speculative_model"] == "/models/Qwen3-8B-DFlash-b16"
+    assert spec["attention_backend"] == backend == attention_backend(arch)
+    assert cfg["backend"] == "pytorch" and cfg["max_seq_len"] == 4096 and cfg["attn_backend"] == "TRTLLM"
+    assert cfg["triton_config"] == {"max_batch_size": 0, "decoupled": True}
+    assert cfg["kv_cache_config"]["dtype"] == "fp8"
+    assert cfg["cuda_graph_config"]["batch_sizes"] == [1, 2, 4, 8]
+    assert yaml.safe_load(yaml.safe_dump(cfg)) == cfg
+
+
+def test_export_from_the_hopper_preset(tmp_path):
+    result = CliRunner().invoke(cli, ["export", "trtllm-llmapi", "--config", str(ROOT / "build_configs" / "qwen3-8b-fp8-hopper.yaml"),
+                                      "--out", str(tmp_path), "--gpu-arch", "sm90"])
+    assert result.exit_code == 0, result.output
+    cfg = yaml.safe_load((tmp_path / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert cfg["model"] == str(ROOT / "models" / "Qwen3-8B")
+    assert cfg["speculative_config"]["max_draft_len"] == 15 and cfg["max_seq_len"] == 4096
+    assert (tmp_path / "tensorrt_llm" / "config.pbtxt").read_text() == config_pbtxt()
+    assert "model.py" in (tmp_path / "tensorrt_llm" / "1" / "README.txt").read_text()
+
+
+def test_export_reads_the_block_size_and_copies_nvidia_files(tmp_path, tiny_pair):
+    llmapi = tmp_path / "llmapi"
+    (llmapi / "1").mkdir(parents=True)
+    for rel in ("config.pbtxt", "1/model.py", "1/helpers.py"):
+        (llmapi / rel).write_text(f"# {rel}\n")
+    out = tmp_path / "repo"
+    args = ["export", "trtllm-llmapi", "--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1]), "--out", str(out),
+            "--gpu-arch", "sm100", "--llmapi-dir", str(llmapi), "--max-seq-len", "512"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    cfg = yaml.safe_load((out / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    trained = json.loads((tiny_pair[1] / "config.json").read_text())["block_size"]
+    assert cfg["speculative_config"]["max_draft_len"] == trained - 1
+    assert cfg["speculative_config"]["attention_backend"] == "TRTLLM" and cfg["max_seq_len"] == 512
+    assert (out / "tensorrt_llm" / "1" / "helpers.py").read_text() == "# 1/helpers.py\n"
+    result = CliRunner().invoke(cli, args[:-2] + ["--max-seq-len", "1024"])  # re-export replaces atomically
+    assert yaml.safe_load((out / "tensorrt_llm" / "1" / "model.yaml").read_text())["max_seq_len"] == 1024
+
+
+def test_export_errors(tmp_path, tiny_pair):
+    runner = CliRunner()
+    base = ["export", "trtllm-llmapi", "--out", str(tmp_path / "r")]
+    result = runner.invoke(cli, base + ["--config", str(ROOT / "build_configs" / "llama31-8b-nvfp4-blackwell.yaml"), "--gpu-arch", "sm100"])
+    assert result.exit_code == 1 and "--block-size" in result.output  # no drafter downloaded here
+    result = runner.invoke(cli, base + ["--target", "x", "--draft", "y", "--block-size", "8", "--gpu-arch", "auto"])
+    assert result.exit_code == 1 and "no CUDA GPU" in result.output
+    result = runner.invoke(cli, base + ["--target", "x", "--draft", "y", "--block-size", "8", "--gpu-arch", "sm75"])
+    assert result.exit_code == 1 and "sm90" in result.output
+    cfg = tmp_path / "q.yaml"
+    cfg.write_text(yaml.safe_dump({"name": "q", "target": str(tiny_pair[0]), "draft": str(tiny_pair[1]),
+                                   "backend": "trtllm", "quant": "fp8"}))
+    result = runner.invoke(cli, base + ["--config", str(cfg), "--gpu-arch", "sm90"])
+    assert result.exit_code == 1 and "pre-quantized" in result.output
