@@ -49,9 +49,10 @@ def test_trtllm_entry_points_name_the_package_to_install(monkeypatch, tmp_path):
         monkeypatch.setitem(sys.modules, module, None)
     from dflash_trt.trtllm import sessions
     from dflash_trt.trtllm.plugin import register
-    from dflash_trt.trtllm.runner import TrtllmTargetRunner
+    from dflash_trt.trtllm.runner import TrtllmTargetRunner, load_trtllm_runners
 
     checks = [(lambda: TrtllmTargetRunner.open(tmp_path, {}, 1), r"tensorrt-llm==1\.2\.1"),
+              (lambda: load_trtllm_runners(tmp_path, 1), r"tensorrt-llm==1\.2\.1"),
               (lambda: sessions.TrtSession(tmp_path / "x.engine"), r"tensorrt~=10\.14"),
               (lambda: sessions.build_engine(tmp_path / "x.onnx", tmp_path / "x.engine", {}), r"tensorrt~=10\.14"),
               (lambda: sessions.OrtSession(tmp_path / "x.onnx"), r"onnxruntime"),

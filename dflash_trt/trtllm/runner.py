@@ -175,6 +175,8 @@ def load_trtllm_runners(bundle: str | Path, n_slots: int):
     from dflash_trt.trtllm.plugin import register
     from dflash_trt.trtllm.target_model_cls import load_settings
 
+    versions.require("tensorrt_llm", "loading a trtllm bundle")
+    versions.require("tensorrt", "loading a trtllm bundle")
     bundle = Path(bundle)
     config = read_engine_config(bundle)
     versions.check_recorded(config.get("versions", {}), str(bundle / ENGINE_CONFIG_FILE))
