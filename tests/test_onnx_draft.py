@@ -151,3 +151,17 @@ def test_onnx_draft_decode_on_the_shipped_pair(target, draft, tmp_path):
     _export(pair, tmp_path)
     lockstep = _check_lockstep_decode(pair, tmp_path, _requests(pair.target.config.vocab_size, seed=1))
     assert len(lockstep.steps) > 5
+
+
+def test_bf16_graphs_export_with_bf16_io(tiny_pair, tmp_path):
+    """What a GPU build exports (bf16): valid ONNX with bf16 float I/O (onnxruntime's CPU provider has no
+    bf16 kernels, so only TensorRT runs these)."""
+    from dflash_trt.runtime.local import load_pair
+
+    pair = load_pair(tiny_pair[0], tiny_pair[1], dtype="bf16", device="cpu")
+    spec = spec_for(pair.draft, pair.target, pair.draft.config.block_size, 64, 2, "bf16")
+    for name, path in export_draft_graphs(pair.draft, pair.target, spec, tmp_path).items():
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+        floats = {v.name for v in [*model.graph.input, *model.graph.output] if v.type.tensor_type.elem_type == 16}
+        assert floats == ({"target_hidden", "context_k", "context_v"} if name == "context" else {"context_k", "context_v"})
