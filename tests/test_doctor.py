@@ -26,11 +26,18 @@ def _fake_run(gpu: str | None):
     return run
 
 
+def _no_tritonserver():
+    raise MissingDependencyError("no tritonserver")
+
+
 @pytest.fixture
 def no_gpu_stack(monkeypatch):
+    import dflash_trt.triton.server as server
+
     for module in ("tensorrt", "tensorrt_llm"):
         monkeypatch.setitem(sys.modules, module, None)
     monkeypatch.setattr(doctor, "run", _fake_run(None))
+    monkeypatch.setattr(server, "find_tritonserver", _no_tritonserver)  # no copy of the pytriton binary
 
 
 def test_doctor_reports_every_component_with_fixes(no_gpu_stack):
@@ -59,13 +66,7 @@ def test_doctor_reads_the_gpu(monkeypatch, query, arch, notes):
     assert rows["cuda (driver)"]["version"] == "13.0"
 
 
-def test_tritonserver_missing_is_reported(monkeypatch):
-    import dflash_trt.triton.server as server
-
-    def missing():
-        raise MissingDependencyError("no tritonserver")
-
-    monkeypatch.setattr(server, "find_tritonserver", missing)
+def test_tritonserver_missing_is_reported(no_gpu_stack):
     (row,) = doctor.probe_tritonserver()
     assert row["status"] == "missing" and "nvidia-pytriton" in row["fix"]
 
