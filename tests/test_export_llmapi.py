@@ -79,10 +79,11 @@ def test_config_pbtxt_matches_the_llmapi_model():
 @pytest.mark.parametrize("arch,backend", [("sm90", "VANILLA"), ("sm100", "TRTLLM"), ("sm103", "TRTLLM"),
                                           ("sm120", "VANILLA"), ("sm89", "VANILLA")])
 def test_model_yaml_dflash_config(arch, backend):
-    cfg = model_yaml(_export(gpu_arch=arch, kv_cache="fp8"))
+    cfg = model_yaml(_export(gpu_arch=arch, kv_cache="fp8", block_size_schedule=((4, 8), (8, 4))))
     spec = cfg["speculative_config"]
     assert set(spec) <= DFLASH_FIELDS and spec["decoding_type"] == "DFlash"
     assert spec["max_draft_len"] == 15 and spec["speculative_model"] == "/models/Qwen3-8B-DFlash-b16"
+    assert spec["draft_len_schedule"] == {4: 7, 8: 3}  # DecodingBaseConfig: batch size -> draft length
     assert spec["attention_backend"] == backend == attention_backend(arch)
     assert cfg["backend"] == "pytorch" and cfg["max_seq_len"] == 4096 and cfg["attn_backend"] == "TRTLLM"
     assert cfg["triton_config"] == {"max_batch_size": 0, "decoupled": True}

@@ -62,6 +62,7 @@ class LlmapiExport:
     tp: int = 1
     kv_cache: str = "auto"  # auto | fp8
     free_gpu_memory_fraction: float = 0.85
+    block_size_schedule: tuple[tuple[int, int], ...] = ()  # (batch size, block size): runtime.block_size_schedule
 
     def __post_init__(self):
         if self.gpu_arch not in GPU_ARCHS:
@@ -100,6 +101,8 @@ def model_yaml(e: LlmapiExport) -> dict:
             "max_draft_len": e.block_size - 1,
             "speculative_model": e.draft,
             "attention_backend": attention_backend(e.gpu_arch),
+            **({"draft_len_schedule": {batch: block - 1 for batch, block in e.block_size_schedule}}
+               if e.block_size_schedule else {}),
         },
         "triton_config": {"max_batch_size": 0, "decoupled": True},
     }
@@ -182,7 +185,9 @@ def from_build_config(cfg: BuildConfig, gpu_arch: str, **overrides) -> LlmapiExp
     check_quantized_target(target, cfg.quant)
     values = dict(target=target, draft=draft, block_size=block_size,
                   max_seq_len=cfg.runtime.max_seq_len, max_batch_size=cfg.runtime.max_batch_size, gpu_arch=gpu_arch,
-                  tp=cfg.tp, kv_cache=cfg.kv_cache if cfg.kv_cache == "fp8" else "auto")
+                  tp=cfg.tp, kv_cache=cfg.kv_cache if cfg.kv_cache == "fp8" else "auto",
+                  block_size_schedule=tuple(sorted((int(b), int(k)) for b, k in
+                                                   cfg.runtime.block_size_schedule.items())))
     values.update({k: v for k, v in overrides.items() if v is not None})
     return LlmapiExport(**values)
 
