@@ -14,22 +14,13 @@ from dflash_trt.checkpoint.hf import check_pair, read_draft, read_target
 from dflash_trt.engine import bundle as bundles
 from dflash_trt.engine.config import BuildConfig
 from dflash_trt.engine.golden import compute_golden, prompt_ids
-from dflash_trt.errors import ConfigError, MissingDependencyError
+from dflash_trt.errors import ConfigError
 from dflash_trt.runtime.local import LoadedPair, load_pair
 
 
 HF_FORMAT, TRTLLM_FORMAT = "hf", "trtllm-checkpoint"
 
 
-def _check_backend(cfg: BuildConfig) -> None:
-    if cfg.backend == "trtllm":
-        try:
-            import tensorrt_llm  # noqa: F401
-        except ImportError:
-            raise MissingDependencyError(
-                f"{cfg.source}: backend 'trtllm' needs tensorrt_llm==1.2.1 (pip install 'dflash-trt[trtllm]' on a "
-                "CUDA machine); use backend: torch here"
-            ) from None
 
 
 def _quantized(cfg: BuildConfig) -> bool:
@@ -71,7 +62,6 @@ def _load_staged(folder: Path, fmt: str, dtype: str, device: str) -> LoadedPair:
 def build_bundle(cfg: BuildConfig, log=print) -> tuple[Path, dict, bool]:
     """Build (or reuse) the bundle for `cfg`; returns (path, manifest, reused)."""
     t0 = time.perf_counter()
-    _check_backend(cfg)
     target_ckpt, draft_ckpt = read_target(cfg.target_path()), read_draft(cfg.draft_path())
     check_pair(target_ckpt, draft_ckpt)
     fingerprint = bundles.input_fingerprint(cfg)
@@ -81,6 +71,15 @@ def build_bundle(cfg: BuildConfig, log=print) -> tuple[Path, dict, bool]:
         return existing, bundles.read_manifest(existing), True
 
     def fill(tmp: Path) -> None:
+        if cfg.backend == "trtllm":  # paired TensorRT-LLM / TensorRT engines (docs/trtllm-backend.md)
+            from dflash_trt.trtllm.build import build_trtllm_bundle
+
+            built = build_trtllm_bundle(cfg, tmp, log)
+            if not built["golden"]["matches_autoregressive"]:
+                raise ConfigError(f"{cfg.source}: engine output differs from autoregressive output (report it)")
+            bundles.write_manifest(tmp, cfg, fingerprint, built["pair_info"] | {"format": "trtllm-engines"},
+                                   built["golden"], time.perf_counter() - t0, built.get("versions"))
+            return
         fmt = _stage_weights(cfg, tmp, log)
         pair = _load_staged(tmp, fmt, "fp32" if cfg.dtype == "auto" else cfg.dtype, "cpu")
         block_size = cfg.block_size or pair.draft.config.block_size
@@ -116,6 +115,9 @@ def load_bundle(path: str | Path, dtype: str | None = None, device: str | None =
     if manifest.get("format_version") != bundles.FORMAT_VERSION:
         raise ConfigError(f"{path / 'manifest.json'}: field 'format_version': {manifest.get('format_version')} "
                           f"is not {bundles.FORMAT_VERSION}; rebuild with this dflash-trt")
+    if manifest.get("backend") == "trtllm":
+        raise ConfigError(f"{path}: a trtllm engine bundle is served through its runners "
+                          "(dflash_trt.trtllm.runner.load_trtllm_runners), not loaded as a torch pair")
     config = manifest["config"]
     pair = _load_staged(path, manifest.get("format", HF_FORMAT), dtype or config["dtype"],
                         device or config["runtime"]["device"])

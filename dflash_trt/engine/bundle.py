@@ -143,7 +143,7 @@ def copy_model(src: Path, dst: Path) -> None:
 
 
 def write_manifest(root: Path, cfg: BuildConfig, fingerprint: dict, pair_info: dict, golden: dict,
-                   build_seconds: float) -> dict:
+                   build_seconds: float, extra_versions: dict | None = None) -> dict:
     (root / "build_config.yaml").write_text(dump_build_config(cfg))
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -153,7 +153,7 @@ def write_manifest(root: Path, cfg: BuildConfig, fingerprint: dict, pair_info: d
         "build_seconds": round(build_seconds, 2),
         "config": cfg.to_dict(),
         "fingerprint": fingerprint,
-        "versions": package_versions(),
+        "versions": package_versions() | (extra_versions or {}),
         **pair_info,
         "golden": golden,
         "files": file_table(root),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dflash_trt.engine.build import build_bundle
 from dflash_trt.engine.config import BuildConfig, load_build_config
-from dflash_trt.errors import MissingDependencyError
+from dflash_trt.errors import MissingDependencyError, UnsupportedModelError
 
 
 @dataclass
@@ -63,6 +63,9 @@ def compare(cfg: BuildConfig, new: dict, old: dict) -> list[str]:
 
 def can_build(cfg: BuildConfig) -> str | None:
     """None if this machine can build the preset, else why not."""
+    for kind, path in (("target", cfg.target_path()), ("draft", cfg.draft_path())):
+        if not (path / "config.json").is_file():
+            return f"{kind} {path} not downloaded"
     if cfg.backend == "trtllm":
         try:
             import tensorrt_llm  # noqa: F401
@@ -80,7 +83,7 @@ def regress_one(config_path: Path, baselines: Path, update: bool, log=print) -> 
         fresh = replace(cfg, output=str(Path(tmp) / cfg.name))  # always a real rebuild, never a reuse
         try:
             _, manifest, _ = build_bundle(fresh, log=log)
-        except MissingDependencyError as exc:
+        except (MissingDependencyError, UnsupportedModelError) as exc:
             return Outcome(cfg.name, "skip", [exc.format_message()])
     new = baseline_of(manifest)
     path = baselines / f"{cfg.name}.json"

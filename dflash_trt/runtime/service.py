@@ -26,18 +26,30 @@ class ServiceLimits:
     block_size_schedule: dict[int, int] | None = None  # {batch size: smaller block size} for busy steps
 
 
+def torch_runners(pair: LoadedPair, limits: ServiceLimits):
+    """Torch target / draft runners for a loaded pair (no drafter when block_size is 1)."""
+    block_size = limits.block_size or (pair.draft.config.block_size if pair.draft is not None else 1)
+    if block_size > 1 and pair.draft is None:
+        raise ValueError("block_size > 1 needs a drafter")
+    capacity = limits.max_seq_len + block_size + 1
+    taps = pair.draft.config.target_layer_ids if block_size > 1 else ()
+    target = TorchTargetRunner(pair.target, limits.max_batch_size, capacity, taps)
+    draft = TorchDraftRunner(pair.draft, pair.target, limits.max_batch_size, capacity, block_size) \
+        if block_size > 1 else None
+    return target, draft
+
+
 class DFlashService:
-    def __init__(self, pair: LoadedPair, limits: ServiceLimits = ServiceLimits(), on_step=None):
+    """The scheduler thread over a pair of runners (torch by default; any backend's runners work)."""
+
+    def __init__(self, pair: LoadedPair | None, limits: ServiceLimits = ServiceLimits(), on_step=None,
+                 runners=None, detokenize=None):
         self.pair, self.limits = pair, limits
-        block_size = limits.block_size or (pair.draft.config.block_size if pair.draft is not None else 1)
-        if block_size > 1 and pair.draft is None:
-            raise ValueError("block_size > 1 needs a drafter")
-        capacity = limits.max_seq_len + block_size + 1
-        taps = pair.draft.config.target_layer_ids if block_size > 1 else ()
-        target = TorchTargetRunner(pair.target, limits.max_batch_size, capacity, taps)
-        draft = TorchDraftRunner(pair.draft, pair.target, limits.max_batch_size, capacity, block_size) \
-            if block_size > 1 else None
-        detokenize = pair.detokenize if pair.tokenizer is not None else None
+        target, draft = runners if runners is not None else torch_runners(pair, limits)
+        if detokenize is None and pair is not None and pair.tokenizer is not None:
+            detokenize = pair.detokenize
+        block = draft.block_size if draft is not None else 1
+        capacity = limits.max_seq_len + block + 1
         self.scheduler = Scheduler(target, draft, limits.max_batch_size, capacity, detokenize,
                                    device=target.device, on_step=on_step,
                                    block_size_schedule=limits.block_size_schedule)

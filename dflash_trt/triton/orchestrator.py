@@ -110,18 +110,44 @@ class Orchestrator:
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         if not pb.using_decoupled_model_transaction_policy(config):
             raise pb.TritonModelException("the dflash model must be decoupled (model_transaction_policy)")
-        manifest, pair = load_bundle(params["bundle_path"], device=params.get("device") or None)
+        from dflash_trt.engine.bundle import verify_bundle
+
+        manifest = verify_bundle(params["bundle_path"])
         runtime = manifest["config"]["runtime"]
         block_size = 1 if params.get("mode") == "autoregressive" else manifest["block_size"]
         schedule = {int(k): int(v) for k, v in runtime.get("block_size_schedule", {}).items()}
         self.limits = ServiceLimits(int(params.get("max_batch_size", runtime["max_batch_size"])),
                                     int(params.get("max_seq_len", runtime["max_seq_len"])), block_size,
                                     schedule if block_size > 1 else None)
-        self.pair = pair
-        self.eos_ids = frozenset(pair.target.config.eos_token_ids) | (
-            {pair.tokenizer.eos_token_id} if pair.tokenizer is not None and pair.tokenizer.eos_token_id is not None else set())
         self.metrics = Metrics(pb, self.limits.block_size, config["name"])
-        self.service = DFlashService(pair, self.limits, on_step=self.metrics.on_step)
+        if manifest.get("backend") == "trtllm":
+            self._open_engines(params["bundle_path"])
+        else:
+            _, pair = load_bundle(params["bundle_path"], device=params.get("device") or None, verify=False)
+            self.tokenizer, self.vocab_size = pair.tokenizer, pair.target.config.vocab_size
+            self.eos_ids = _eos(pair.target.config.eos_token_ids, pair.tokenizer)
+            self.service = DFlashService(pair, self.limits, on_step=self.metrics.on_step)
+
+    def _open_engines(self, bundle: str) -> None:
+        """trtllm bundles: TensorRT-LLM target + TensorRT draft runners under the same scheduler."""
+        from pathlib import Path
+
+        from dflash_trt.tokenizer import has_tokenizer, load_tokenizer
+        from dflash_trt.trtllm.runner import load_trtllm_runners
+
+        target, draft = load_trtllm_runners(bundle, self.limits.max_batch_size)
+        if self.limits.block_size == 1:
+            draft = None
+        folder = Path(bundle) / "target"
+        self.tokenizer = load_tokenizer(folder) if has_tokenizer(folder) else None
+        self.vocab_size = target.vocab_size
+        self.eos_ids = _eos((), self.tokenizer)
+        detokenize = (lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)) if self.tokenizer else None
+        self.service = DFlashService(None, self.limits, on_step=self.metrics.on_step, runners=(target, draft),
+                                     detokenize=detokenize)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def execute(self, requests) -> None:
         for request in requests:
@@ -137,11 +163,10 @@ class Orchestrator:
             return None if tensor is None else tensor.as_numpy()
 
         try:
-            parsed = parse_request(get, self.pair.tokenizer, self.limits.max_seq_len,
-                                   self.pair.target.config.vocab_size, self.eos_ids)
+            parsed = parse_request(get, self.tokenizer, self.limits.max_seq_len, self.vocab_size, self.eos_ids)
             text = None
-            if self.pair.tokenizer is not None:
-                text = TextStream(self.pair.detokenize, parsed.request.stop.stop_strings)
+            if self.tokenizer is not None:
+                text = TextStream(self.detokenize, parsed.request.stop.stop_strings)
             sink = ResponseStream(pb, sender, parsed.stream, text)
             self.service.submit(parsed.request, sink, is_cancelled=_cancel_check(request, sender))
         except (DFlashTrtError, ValueError) as exc:
@@ -151,6 +176,13 @@ class Orchestrator:
 
     def finalize(self) -> None:
         self.service.shutdown()
+
+
+def _eos(config_eos, tokenizer) -> frozenset[int]:
+    ids = set(config_eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
 
 
 def _cancel_check(request, sender):
