@@ -2,7 +2,6 @@
 
 import json
 
-import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file

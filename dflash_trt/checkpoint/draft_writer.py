@@ -8,15 +8,13 @@ files go to a temporary sibling folder that is renamed into place when complete.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from dflash_trt.atomic import write_atomically
 from dflash_trt.checkpoint.configs import DraftConfig, TargetConfig
 
 
@@ -82,24 +80,14 @@ def write_draft_folder(
 ) -> Path:
     """Atomically write config.json, model.safetensors and `extra_files` (name -> text)."""
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         dtype_name = str(dtype).removeprefix("torch.")
         (tmp / "config.json").write_text(json.dumps(draft_config_json(config, dtype_name), indent=2) + "\n")
         tensors = {k: v.detach().to(dtype).contiguous() for k, v in state_dict.items()}
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
-        if folder.exists():
-            old = folder.with_name(f".{folder.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(folder, old)
-            os.replace(tmp, folder)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    write_atomically(folder, fill)
     return folder

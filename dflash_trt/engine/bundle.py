@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 from dflash_trt import __version__
+from dflash_trt.atomic import write_atomically  # noqa: F401 (re-exported: publish, exports)
 from dflash_trt.engine.config import BuildConfig, dump_build_config
 from dflash_trt.errors import CheckpointError
 
@@ -106,34 +105,6 @@ def reusable(cfg: BuildConfig, fingerprint: dict) -> Path | None:
     except CheckpointError:
         return None
     return out if manifest.get("fingerprint") == fingerprint else None
-
-
-def _remove_stale_temps(out: Path) -> None:
-    """Temp folders of builds that were killed (their pid is gone) are garbage; remove them."""
-    for stale in out.parent.glob(f".{out.name}.tmp-*"):
-        pid = stale.name.rsplit("-", 2)[-2] if stale.name.count("-") >= 2 else ""
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            shutil.rmtree(stale, ignore_errors=True)
-
-
-def write_atomically(out: Path, fill) -> Path:
-    """Create a temp sibling of `out`, let `fill(tmp)` populate it, then swap it into place."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
-    try:
-        fill(tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
 
 
 def copy_model(src: Path, dst: Path) -> None:
