@@ -173,6 +173,11 @@ def _nucleus(scores: torch.Tensor, keep: torch.Tensor, top_p: torch.Tensor) -> t
     return keep & (prob >= p_star)
 
 
+def canonical_logits(logits: torch.Tensor) -> torch.Tensor:
+    """fp32 logits with NaN -> -inf (and -inf kept): what every rule below ranks."""
+    return logits.float().nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+
+
 def sample_tokens(
     logits: torch.Tensor,  # [N, V] any float dtype
     positions: torch.Tensor,  # [N] int64: absolute position of the token being chosen
@@ -182,7 +187,7 @@ def sample_tokens(
     seed: torch.Tensor,  # [N] int64 (uint64 bits)
 ) -> torch.Tensor:  # [N] int64
     """Apply the sampling rule row by row; greedy rows (T = 0) take the plain argmax."""
-    logits = logits.float().nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    logits = canonical_logits(logits)
     tokens = logits.argmax(dim=-1)
     sampled = temperature > 0
     if not bool(sampled.any()):

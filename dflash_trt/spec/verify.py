@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash_trt.spec.sampling import sample_tokens
+from dflash_trt.spec.sampling import canonical_logits, sample_tokens
 
 
 def accept_length(drafts: torch.Tensor, target_tokens: torch.Tensor) -> torch.Tensor:
@@ -32,6 +32,9 @@ def verify_block(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Target tokens [B, K+1] (row i is the token at position start+i+1) and accepted a [B]."""
     b, width, vocab = logits.shape
+    if not bool((temperature > 0).any()):  # all greedy: the rule is a plain argmax (NaN counts as -inf)
+        tokens = canonical_logits(logits).argmax(dim=-1)
+        return tokens, accept_length(drafts, tokens)
     positions = start[:, None] + 1 + torch.arange(width, device=logits.device)[None, :]
     flat = sample_tokens(
         logits.reshape(b * width, vocab),
