@@ -20,17 +20,22 @@ from dflash_trt.cli_types import INT_LIST
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="Local mode.")
+@click.option("--threads", type=click.IntRange(min=1), help="Local mode: CPU intra-op threads (DFLASH_TRT_CPU_THREADS).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
               help="Folder for results.json and the PNG plots.")
 def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, concurrency, max_new_tokens,
-                  temperature, seed, device, out_dir):
+                  temperature, seed, device, threads, out_dir):
     """Same prompts, both ways, in one run: τ, per-position acceptance, tokens/s, TTFT/TPOT, speed-up.
 
     Local: batch-1 decoding on the torch runtime for each block size. Served (--url): a concurrency
     sweep against the `dflash` and `dflash_ar` models of one server; writes a Pareto plot.
     """
+    import os
+
     from dflash_trt.bench import runner
 
+    if threads:
+        os.environ["DFLASH_TRT_CPU_THREADS"] = str(threads)
     sampling = {"temperature": temperature, "seed": seed}
     if url:
         runner.run_served(url, prompts_path, num_prompts, concurrency, max_new_tokens, sampling, out_dir)
