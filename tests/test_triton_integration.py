@@ -109,7 +109,7 @@ def _grpc_error(server, raw_inputs) -> str:
 
     client = grpcclient.InferenceServerClient(server.grpc_url)
     responses = queue.Queue()
-    client.start_stream(callback=lambda r, e: responses.put((r, e)))
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
     tensors = []
     for name, (array, dtype) in raw_inputs.items():
         t = grpcclient.InferInput(name, list(array.shape), dtype)
@@ -170,12 +170,15 @@ def test_client_that_disconnects_mid_stream_frees_its_slot(served):
     server, _, _ = served
     client = grpcclient.InferenceServerClient(server.grpc_url)
     first = threading.Event()
-    client.start_stream(callback=lambda r, e: first.set())
-    inputs = request_inputs("def main():\n", max_tokens=400, temperature=1.0, seed=5)
+    client.start_stream(callback=lambda result, error: first.set())
+    inputs = request_inputs("def main():\n", max_tokens=400, temperature=1.0, seed=5, ignore_eos=True)
     from dflash_trt.triton.client import _grpc_inputs
 
     client.async_stream_infer("dflash", _grpc_inputs(grpcclient, inputs))
     assert first.wait(60)
+    deadline = time.time() + 10
+    while _metric(server, "dflash_requests_running") < 1 and time.time() < deadline:
+        time.sleep(0.05)
     assert _metric(server, "dflash_requests_running") >= 1
     client.stop_stream(cancel_requests=True)
     client.close()

@@ -38,7 +38,8 @@ class ServedResult:
 
 def request_inputs(prompt: str | None = None, input_ids: list[int] | None = None, max_tokens: int = 64,
                    temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-                   stop_words: tuple[str, ...] = (), stream: bool = True, chat: bool = False) -> dict:
+                   stop_words: tuple[str, ...] = (), stream: bool = True, chat: bool = False,
+                   ignore_eos: bool = False) -> dict:
     """The request as name -> value, shared by every transport."""
     inputs = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
               "seed": seed, "stream": stream}
@@ -50,12 +51,14 @@ def request_inputs(prompt: str | None = None, input_ids: list[int] | None = None
         inputs["stop_words"] = list(stop_words)
     if chat:
         inputs["chat"] = True
+    if ignore_eos:
+        inputs["ignore_eos"] = True
     return inputs
 
 
 _GRPC_TYPES = {"max_tokens": ("INT32", np.int32), "temperature": ("FP32", np.float32), "top_p": ("FP32", np.float32),
                "top_k": ("INT32", np.int32), "seed": ("UINT64", np.uint64), "stream": ("BOOL", np.bool_),
-               "chat": ("BOOL", np.bool_), "input_ids": ("INT32", np.int32), "text_input": ("BYTES", np.object_),
+               "chat": ("BOOL", np.bool_), "ignore_eos": ("BOOL", np.bool_), "input_ids": ("INT32", np.int32), "text_input": ("BYTES", np.object_),
                "stop_words": ("BYTES", np.object_)}
 
 

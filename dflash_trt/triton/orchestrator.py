@@ -74,14 +74,12 @@ class ResponseStream:
             if self.stream:
                 delta = self.text.push(event.tokens) if self.text else ""
                 self.sender.send(self._response(delta, event.tokens))
-            elif self.text:
-                self.text.push(event.tokens)
             return
         result = event.result
         if self.stream:
             text, ids = (self.text.finish() if self.text else ""), []
         else:
-            text, ids = (self.text.finish() if self.text else ""), result.tokens
+            text, ids = (self.text.full(result.tokens) if self.text else ""), result.tokens
         final = self._response(text, ids, result, event.stats)
         self.sender.send(final, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 

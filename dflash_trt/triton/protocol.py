@@ -30,6 +30,7 @@ INPUTS = [
     ("stop_words", "TYPE_STRING", [-1]),
     ("stop_token_ids", "TYPE_INT32", [-1]),
     ("chat", "TYPE_BOOL", [1]),
+    ("ignore_eos", "TYPE_BOOL", [1]),
 ]
 OUTPUTS = [
     ("text_output", "TYPE_STRING", [1]),  # streaming: the new text of this response; else the full text
@@ -141,9 +142,11 @@ def parse_request(get: Callable, tokenizer, max_seq_len: int, vocab_size: int,
     stop_words = _strings(get, "stop_words")
     if stop_words and tokenizer is None:
         raise RequestError("input 'stop_words': this bundle has no tokenizer; use 'stop_token_ids'")
+    if not _scalar(get, "ignore_eos", bool, False):
+        stop_ids |= set(eos_ids)
     request = Request(
         tuple(prompt),
         SamplingParams(temperature, top_k, top_p, seed % 2**64),
-        StopCriteria(max_tokens, frozenset(stop_ids | set(eos_ids)), tuple(stop_words)),
+        StopCriteria(max_tokens, frozenset(stop_ids), tuple(stop_words)),
     )
     return ParsedRequest(request, _scalar(get, "stream", bool, False))

@@ -30,6 +30,10 @@ class TextStream:
         text = cut_at_stop_string(self.detokenize(self.tokens), self.stop_strings)
         return self._emit(text, len(text))
 
+    def full(self, tokens: list[int]) -> str:
+        """The whole text of `tokens`, cut before the first stop string (non-streaming responses)."""
+        return cut_at_stop_string(self.detokenize(tokens), self.stop_strings)
+
     def _emit(self, text: str, upto: int) -> str:
         if upto <= self.sent:
             return ""
