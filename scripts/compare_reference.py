@@ -45,18 +45,22 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--adaptive-cost", type=float, help="ours picks verify widths (spec/width.py); tokens stay identical")
     args = ap.parse_args()
     target_dir, draft_dir = resolve_model_path(args.target, Path.cwd()), resolve_model_path(args.draft, Path.cwd())
     pair = load_pair(target_dir, draft_dir, "fp32", "cpu")  # also pins CPU threads (DFLASH_TRT_CPU_THREADS)
     zlab, ref_target, ref_draft = load_reference(target_dir, draft_dir)
     prompts = load_prompts(args.prompts, pair.tokenizer, args.num_prompts)
+    from dflash_trt.spec.width import AdaptiveWidth
+
+    width = AdaptiveWidth(args.block_size, args.adaptive_cost) if args.adaptive_cost is not None else None
     ours_s = ref_s = 0.0
     identical, tokens = 0, 0
     with torch.inference_mode():
         for i, prompt in enumerate([prompts[0]] + prompts):  # the first run warms both up
             request = Request(tuple(prompt), stop=StopCriteria(args.max_new_tokens))
             t0 = time.perf_counter()
-            ours = speculative_generate(pair.target, pair.draft, [request], args.block_size)[0].tokens
+            ours = speculative_generate(pair.target, pair.draft, [request], args.block_size, width=width)[0].tokens
             t1 = time.perf_counter()
             ids = torch.tensor([prompt])
             ref = zlab.dflash_generate(ref_draft, ref_target, ids, args.max_new_tokens, None, 0.0,

@@ -18,6 +18,7 @@ from dflash_trt.spec.autoregressive import autoregressive_generate
 from dflash_trt.spec.decode import speculative_generate
 from dflash_trt.spec.requests import Request, StopCriteria
 from dflash_trt.spec.sampling import SamplingParams
+from dflash_trt.spec.width import AdaptiveWidth
 
 
 @dataclass
@@ -77,12 +78,16 @@ def _timed(fn):
 
 @torch.inference_mode()
 def bench_block_size(pair, prompts: list[list[int]], block_size: int, max_new_tokens: int,
-                     params: SamplingParams, stop_ids: frozenset[int], progress=None) -> BlockResult:
+                     params: SamplingParams, stop_ids: frozenset[int], progress=None,
+                     adaptive_cost: float | None = None) -> BlockResult:
+    """Decode every prompt both ways; with `adaptive_cost` DFlash picks verify widths from acceptance."""
+    width = AdaptiveWidth(block_size, adaptive_cost) if adaptive_cost is not None else None
     spec_s = ar_s = 0.0
     tokens, identical, lengths, accepted = 0, True, [], []
     for prompt in prompts:
         request = Request(tuple(prompt), params, StopCriteria(max_new_tokens, stop_ids))
-        (spec,), t_spec = _timed(lambda: speculative_generate(pair.target, pair.draft, [request], block_size))
+        (spec,), t_spec = _timed(lambda: speculative_generate(pair.target, pair.draft, [request], block_size,
+                                                              width=width))
         (ar,), t_ar = _timed(lambda: autoregressive_generate(pair.target, [request]))
         spec_s, ar_s = spec_s + t_spec, ar_s + t_ar
         identical &= spec.tokens == ar.tokens
@@ -92,6 +97,7 @@ def bench_block_size(pair, prompts: list[list[int]], block_size: int, max_new_to
         if progress is not None:
             progress()
     k = block_size - 1
+    accepted = accepted or [0]
     return BlockResult(
         block_size=block_size, prompts=len(prompts), generated_tokens=tokens, spec_seconds=spec_s, ar_seconds=ar_s,
         mean_acceptance_length=sum(lengths) / len(lengths),

@@ -33,7 +33,8 @@ def _write(out_dir: str, payload: dict) -> Path:
     return out
 
 
-def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tokens, sampling, device, out_dir):
+def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tokens, sampling, device, out_dir,
+              adaptive_cost=None):
     from rich.progress import Progress
 
     pair = load_pair(resolve_model_path(target, Path.cwd()), resolve_model_path(draft, Path.cwd()), "fp32", device)
@@ -47,10 +48,11 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
             task = progress.add_task(f"block size {block_size}", total=len(prompts))
             params = SamplingParams(sampling["temperature"], seed=sampling["seed"])
             results.append(bench_block_size(pair, prompts, block_size, max_new_tokens, params, stop_ids,
-                                            lambda: progress.advance(task)))
+                                            lambda: progress.advance(task), adaptive_cost))
     report.print_local(results)
     out = _write(out_dir, _header("local", target=str(target), draft=str(draft), max_new_tokens=max_new_tokens,
-                                  sampling=sampling, results=[r.to_dict() for r in results]))
+                                  sampling=sampling, adaptive_width_cost=adaptive_cost,
+                                  results=[r.to_dict() for r in results]))
     plots.acceptance_histogram({f"block {r.block_size}": r.acceptance_lengths for r in results},
                                max(block_sizes), out / "acceptance_histogram.png")
     report.say(f"wrote {out / 'results.json'} and {out / 'acceptance_histogram.png'}")

@@ -39,6 +39,9 @@ class RuntimeConfig:
     # {batch size: block size}: steps with at least that many requests verify narrower blocks
     # (busy steps are compute-bound; lossless at any width). Empty: always the bundle's block size.
     block_size_schedule: dict = field(default_factory=dict)
+    # Adaptive verify width (spec/width.py): a step's fixed cost in units of one verified token.
+    # ~28 on a 2-core CPU, hundreds on GPUs (= always the full block). null: fixed widths.
+    adaptive_width_cost: float | None = None
 
 
 @dataclass
@@ -110,6 +113,9 @@ def _check(cfg: BuildConfig, where: str) -> None:
     for batch, block in cfg.runtime.block_size_schedule.items():
         if not (isinstance(batch, int) and isinstance(block, int) and batch >= 1 and block >= 2):
             bad("runtime.block_size_schedule", f"expected {{batch size >= 1: block size >= 2}}, got {batch!r}: {block!r}")
+    cost = cfg.runtime.adaptive_width_cost
+    if cost is not None and not (isinstance(cost, (int, float)) and cost >= 0):
+        bad("runtime.adaptive_width_cost", f"expected a number >= 0 (or null), got {cost!r}")
     if cfg.runtime.max_seq_len < 16:
         bad("runtime.max_seq_len", f"must be >= 16, got {cfg.runtime.max_seq_len}")
     if cfg.golden.max_new_tokens < 1:

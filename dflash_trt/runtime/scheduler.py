@@ -25,6 +25,7 @@ import torch
 from dflash_trt.runtime.runner import DraftRunner, TargetRunner
 from dflash_trt.spec.requests import Detokenize, GenerationResult, Request, Row
 from dflash_trt.spec.sampling import params_tensors
+from dflash_trt.spec.width import AdaptiveWidth
 
 
 @dataclass
@@ -92,13 +93,15 @@ class Scheduler:
     def __init__(self, target: TargetRunner, draft: DraftRunner | None, n_slots: int, capacity: int,
                  detokenize: Detokenize | None = None, max_prefill_batch: int = 8, device="cpu",
                  on_step: Callable[[StepStats], None] | None = None,
-                 block_size_schedule: dict[int, int] | None = None):
+                 block_size_schedule: dict[int, int] | None = None, adaptive_width_cost: float | None = None):
         self.target, self.draft, self.capacity = target, draft, capacity
         self.detokenize, self.max_prefill_batch, self.device = detokenize, max_prefill_batch, device
         self.on_step = on_step
         self.block_size = draft.block_size if draft is not None else 1  # no drafter: autoregressive
         # batch size -> verify width: from each key up, use that (smaller) block; lossless at any width
         self.block_size_schedule = dict(sorted((block_size_schedule or {}).items()))
+        self.adaptive = AdaptiveWidth(self.block_size, adaptive_width_cost) \
+            if adaptive_width_cost is not None and self.block_size > 1 else None
         self.free_slots = list(range(n_slots))
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}
@@ -233,6 +236,8 @@ class Scheduler:
         for threshold, block in self.block_size_schedule.items():
             if batch >= threshold:
                 width = min(self.block_size, block)
+        if self.adaptive is not None:
+            width = min(width, self.adaptive.width())
         return width
 
     def _commit(self, seq: Sequence, tokens: list[int], accepted: int | None = None) -> int:
@@ -261,6 +266,8 @@ class Scheduler:
         blocks = torch.cat([bonus[:, None], drafts], dim=1)
         tokens, accepted, taps = self.target.verify(slots, blocks, start, self._sampling(seqs))
         t2 = time.perf_counter()
+        if self.adaptive is not None and drafts.shape[1]:
+            self.adaptive.update(accepted.tolist(), drafts.shape[1])
         committed = accepted + 1
         new_start = start + committed
         self.target.commit(slots, new_start)

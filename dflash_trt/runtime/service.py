@@ -24,6 +24,7 @@ class ServiceLimits:
     max_seq_len: int = 1024  # prompt + generated tokens per request
     block_size: int | None = None  # default: the drafter's; 1 = autoregressive (no drafter)
     block_size_schedule: dict[int, int] | None = None  # {batch size: smaller block size} for busy steps
+    adaptive_width_cost: float | None = None  # step cost in verified tokens: pick widths from acceptance
 
 
 def torch_runners(pair: LoadedPair, limits: ServiceLimits):
@@ -52,7 +53,8 @@ class DFlashService:
         capacity = limits.max_seq_len + block + 1
         self.scheduler = Scheduler(target, draft, limits.max_batch_size, capacity, detokenize,
                                    device=target.device, on_step=on_step,
-                                   block_size_schedule=limits.block_size_schedule)
+                                   block_size_schedule=limits.block_size_schedule,
+                                   adaptive_width_cost=limits.adaptive_width_cost)
         self.thread = threading.Thread(target=self._run, name="dflash-scheduler", daemon=True)
         self.error: BaseException | None = None
         self.thread.start()

@@ -17,6 +17,7 @@ from dflash_trt.model.target import Target
 from dflash_trt.spec.batch import BatchParams, cache_capacity, prefill
 from dflash_trt.spec.requests import Detokenize, GenerationResult, OnCommit, Request, Row
 from dflash_trt.spec.verify import verify_block
+from dflash_trt.spec.width import AdaptiveWidth
 
 
 @dataclass
@@ -35,8 +36,12 @@ def speculative_generate(
     detokenize: Detokenize | None = None,
     on_commit: OnCommit | None = None,
     timings: DecodeTimings | None = None,
+    width: AdaptiveWidth | None = None,
 ) -> list[GenerationResult]:
-    """DFlash-decode a batch of requests; one result per request (tokens == AR decoding)."""
+    """DFlash-decode a batch of requests; one result per request (tokens == AR decoding).
+
+    `width` (optional) picks each step's verify width from measured acceptance (spec/width.py).
+    """
     block_size = block_size or draft.config.block_size
     if block_size < 2:
         raise ValueError(f"block_size must be >= 2 (1 bonus + >= 1 draft), got {block_size}")
@@ -50,7 +55,6 @@ def speculative_generate(
     capacity = cache_capacity(requests, block_size)
     target_cache = target.new_cache(len(requests), capacity)
     draft_cache = draft.new_cache(len(requests), capacity)
-    offsets = torch.arange(block_size, device=device)[None, :]  # [1, B]
 
     # 1) prefill the target; its taps over the prompt become the draft's first context
     t0 = time.perf_counter()
@@ -64,11 +68,13 @@ def speculative_generate(
     t0 = time.perf_counter()
     while not all(row.done for row in rows):
         active = torch.tensor([r.index for r in rows if not r.done], device=device)
+        step_width = min(width.width(), block_size) if width is not None else block_size
+        offsets = torch.arange(step_width, device=device)[None, :]  # [1, W]
         block_start = start[active]  # [n] position of each bonus token
-        block_positions = block_start[:, None] + offsets  # [n, B]
+        block_positions = block_start[:, None] + offsets  # [n, W]
 
         # 2) draft: [bonus, MASK x K] through the drafter in one pass; greedy proposals always
-        block = torch.full((active.numel(), block_size), mask_token_id, dtype=torch.int64, device=device)
+        block = torch.full((active.numel(), step_width), mask_token_id, dtype=torch.int64, device=device)
         block[:, 0] = bonus[active]
         hidden = draft(target.embed(block), block_positions, draft_cache, active)
         drafts = draft.logits(hidden[:, 1:], target.lm_head).argmax(dim=-1)  # [n, K]
@@ -80,6 +86,8 @@ def speculative_generate(
 
         # 4) accept the longest matching prefix plus the target's token after it (the new bonus)
         committed = accepted + 1  # [n]
+        if width is not None:
+            width.update(accepted.tolist(), step_width - 1)
         for j, (index, a) in enumerate(zip(active.tolist(), accepted.tolist())):
             row = rows[index]
             kept = row.commit(chosen[j, : a + 1].tolist(), on_commit)

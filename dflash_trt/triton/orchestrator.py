@@ -116,7 +116,7 @@ class Orchestrator:
         schedule = {int(k): int(v) for k, v in runtime.get("block_size_schedule", {}).items()}
         self.limits = ServiceLimits(int(params.get("max_batch_size", runtime["max_batch_size"])),
                                     int(params.get("max_seq_len", runtime["max_seq_len"])), block_size,
-                                    schedule if block_size > 1 else None)
+                                    schedule if block_size > 1 else None, runtime.get("adaptive_width_cost"))
         self.metrics = Metrics(pb, self.limits.block_size, config["name"])
         if manifest.get("backend") == "trtllm":
             self._open_engines(params["bundle_path"])
