@@ -183,7 +183,8 @@ def train_drafter(work: Path, seed: int, steps: int, layers: int) -> dict:
     (work / "draft_data.jsonl").write_text("".join(json.dumps({"token_ids": r["token_ids"]}) + "\n" for r in records))
     cfg = TrainDraftConfig(
         target=str(work / "target"), data=[str(work / "draft_data.jsonl")], out=str(work / "draft"),
-        block_size=16, layers=layers, steps=steps, batch_size=8, seq_len=256, num_anchors=32, lr=1e-3,
+        block_size=16, layers=layers, steps=steps, batch_size=8, seq_len=256, num_anchors=32, lr=1.5e-3,
+        target_layer_ids=[1, 3, 5],  # include the last layer (HF post-norm): shallow targets need deep taps
         regenerate=True, regen_prompt_tokens=64, regen_new_tokens=192, seed=seed, save_every=250,
     )
     return train_draft(cfg)
@@ -195,7 +196,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=ROOT / "out" / "tiny_pair")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--target-steps", type=int, default=800)
-    ap.add_argument("--draft-steps", type=int, default=2000)
+    ap.add_argument("--draft-steps", type=int, default=4000)
     ap.add_argument("--draft-layers", type=int, default=1)
     ap.add_argument("--draft-samples", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is robust on a shared 2-core box)")
