@@ -63,14 +63,14 @@ def compare(cfg: BuildConfig, new: dict, old: dict) -> list[str]:
 
 def can_build(cfg: BuildConfig) -> str | None:
     """None if this machine can build the preset, else why not."""
-    for kind, path in (("target", cfg.target_path()), ("draft", cfg.draft_path())):
-        if not (path / "config.json").is_file():
-            return f"{kind} {path} not downloaded"
     if cfg.backend == "trtllm":
         try:
             import tensorrt_llm  # noqa: F401
         except ImportError:
             return "backend trtllm: tensorrt_llm not installed (GPU CI builds this preset)"
+    for kind, path in (("target", cfg.target_path()), ("draft", cfg.draft_path())):
+        if not (path / "config.json").is_file():
+            return f"{kind} {path} not downloaded"
     return None
 
 
