@@ -44,9 +44,9 @@ class ScriptedDraft:
     def append_context(self, *args, **kwargs):
         return self.draft.append_context(*args, **kwargs)
 
-    def __call__(self, noise_embedding, block_positions, cache, slots):
+    def __call__(self, noise_embedding, block_positions, cache, slots, context=None):
         self._last = (slots.tolist(), block_positions[:, 0].tolist())
-        return self.draft(noise_embedding, block_positions, cache, slots)
+        return self.draft(noise_embedding, block_positions, cache, slots, context)
 
     def logits(self, hidden, lm_head):
         real = self.draft.logits(hidden, lm_head)

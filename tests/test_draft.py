@@ -72,3 +72,69 @@ def test_greedy_decode_matches_dflash_generate_with_acceptance(tiny_pair, loaded
     assert ours.acceptance_lengths == lengths
     if corrupt == 0.0:
         assert max(lengths) == 8
+
+
+@pytest.mark.parametrize("use_window", [True, False])
+def test_sliding_window_draft_matches_reference(tiny_pair, tmp_path, use_window):
+    """z-lab `layer_types`: a causal sliding-window layer beside a full-attention layer. As in HF's
+    Qwen3Config, `sliding_window` counts only with `use_sliding_window` (else: causal, no window)."""
+    from dflash_trt.runtime.local import load_pair
+    from tiny_models import make_draft
+
+    target_dir, _, hf, _ = tiny_pair
+    oracle = make_draft(tmp_path / "d", hf.config, layer_types=["sliding_attention", "full_attention"],
+                        sliding_window=6, use_sliding_window=use_window)
+    pair = load_pair(target_dir, tmp_path / "d", dtype="fp32", device="cpu")
+    draft = pair.draft
+    assert draft.layers[0].is_causal and not draft.layers[1].is_causal
+    assert draft.layers[0].window == (6 if use_window else None) and draft.layers[1].window is None
+    ids = torch.randint(0, 255, (1, 23), generator=torch.Generator().manual_seed(1))
+    target_hidden = _oracle_features(hf, ids, list(draft.config.target_layer_ids))
+    block = torch.tensor([[9] + [draft.config.mask_token_id] * 7])
+    positions = torch.arange(31)[None]
+    ref = oracle(target_hidden=target_hidden, noise_embedding=hf.model.embed_tokens(block), position_ids=positions)
+    cache, slots = draft.new_cache(1, 64), torch.arange(1)
+    ours = draft(pair.target.embed(block), positions[:, 23:], cache, slots,
+                 context=(target_hidden, positions[:, :23], None))
+    assert (ours - ref).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("layer_types", [None, ["sliding_attention", "full_attention"]])
+def test_context_folded_into_draft_pass_equals_append_then_draft(tiny_pair, tmp_path, layer_types):
+    """Ragged rows: `forward(context=...)` == `append_context` then `forward`, hidden and cache alike."""
+    from dflash_trt.runtime.local import load_pair
+    from tiny_models import make_draft
+
+    target_dir, draft_dir, hf, _ = tiny_pair
+    if layer_types is not None:
+        make_draft(tmp_path / "d", hf.config, layer_types=layer_types, sliding_window=5, use_sliding_window=True)
+        draft_dir = tmp_path / "d"
+    pair = load_pair(target_dir, draft_dir, dtype="fp32", device="cpu")
+    target, draft = pair.target, pair.draft
+    g = torch.Generator().manual_seed(3)
+    n_ctx = draft.config.target_layer_ids.__len__() * target.config.dims.hidden_size
+    for batch in (1, 3):
+        slots = torch.tensor([2, 0, 1][:batch])
+        caches = [draft.new_cache(3, 64) for _ in range(2)]
+        prompt_len = torch.tensor([11, 7, 14][:batch])
+        prompt = torch.randn(batch, 14, n_ctx, generator=g)
+        positions = torch.arange(14)[None].expand(batch, -1)
+        for cache in caches:  # the prompt's context, stored alike in both caches
+            draft.append_context(prompt, positions, cache, slots, positions < prompt_len[:, None])
+        # a verified block of 6 rows at each row's start, committing 1..6 of them
+        taps = torch.randn(batch, 6, n_ctx, generator=g)
+        ctx_positions = prompt_len[:, None] + torch.arange(6)[None]
+        committed = torch.tensor([3, 6, 1][:batch])
+        valid = torch.arange(6)[None] < committed[:, None]
+        start = prompt_len + committed
+        block = torch.randint(0, 255, (batch, 5), generator=g)
+        block_positions = start[:, None] + torch.arange(5)[None]
+        noise = target.embed(block)
+        draft.append_context(taps, ctx_positions, caches[0], slots, valid)
+        separate = draft(noise, block_positions, caches[0], slots)
+        folded = draft(noise, block_positions, caches[1], slots, context=(taps, ctx_positions, valid))
+        assert (separate - folded).abs().max() <= 1e-5
+        for row, slot in enumerate(slots.tolist()):  # committed context identical in both caches
+            n = int(start[row])
+            assert torch.allclose(caches[0].k[:, slot, :, :n], caches[1].k[:, slot, :, :n], atol=1e-6)
+            assert torch.allclose(caches[0].v[:, slot, :, :n], caches[1].v[:, slot, :, :n], atol=1e-6)

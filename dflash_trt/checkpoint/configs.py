@@ -215,9 +215,14 @@ def parse_draft_config(data: dict, path: Path) -> DraftConfig:
             "layer_types",
             f"expected {dims.num_layers} entries of 'full_attention'/'sliding_attention', got {layer_types}",
         )
-    sliding_window = f.int("sliding_window", None, minimum=1)
-    if "sliding_attention" in layer_types and sliding_window is None:
-        raise f.error("sliding_window", "required when layer_types has 'sliding_attention'")
+    # HF Qwen3Config (which z-lab's loader uses) keeps sliding_window only with use_sliding_window:
+    # without it a 'sliding_attention' layer is causal with no window
+    sliding_window = None
+    if f.get("use_sliding_window", bool, False):
+        sliding_window = f.int("sliding_window", None, minimum=1)
+        if "sliding_attention" in layer_types and sliding_window is None:
+            raise f.error("sliding_window", "required when use_sliding_window is true and layer_types has "
+                                            "'sliding_attention'")
     softcap = _dflash_value(f, d, "final_logit_softcapping", "float")
     config = DraftConfig(
         vocab_size=f.int("vocab_size", minimum=1),

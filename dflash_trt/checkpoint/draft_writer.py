@@ -46,6 +46,7 @@ def draft_config_json(config: DraftConfig, torch_dtype: str = "float32") -> dict
         "vocab_size": config.vocab_size,
         "tie_word_embeddings": False,
         "layer_types": list(config.layer_types),
+        "use_sliding_window": config.sliding_window is not None,  # HF Qwen3Config drops the window without it
         "sliding_window": config.sliding_window,
         "torch_dtype": torch_dtype,
     }

@@ -1,14 +1,15 @@
 """The DFlash drafter: a Qwen3-style block-diffusion model conditioned on target features.
 
-Per call (paper §3, z-lab `DFlashDraftModel`):
-1. `append_context`: committed tokens' `target_hidden` [B, T, n*H] -> `fc` -> `hidden_norm` =
-   context features; every draft layer stores K = k_norm(k_proj(ctx)) with RoPE at the token's
-   absolute position and V = v_proj(ctx) in the draft context cache. Only committed positions
-   are ever stored; noise-block K/V are transient.
-2. `propose`: the noise block `[bonus, MASK x K]` (embedded with the TARGET's embed_tokens) at
-   positions start..start+K attends to [context cache ; block] — non-causal inside the block on
+Per step (paper §3, z-lab `DFlashDraftModel`):
+1. context: committed tokens' `target_hidden` [B, T, n*H] -> `fc` -> `hidden_norm` = context
+   features; every draft layer stores K = k_norm(k_proj(ctx)) with RoPE at the token's absolute
+   position and V = v_proj(ctx) in the draft cache (`append_context`, or folded into `forward`).
+2. block: the noise block `[bonus, MASK x K]` (embedded with the TARGET's embed_tokens) at
+   positions start..start+K attends to [context ; block] — non-causal inside the block on
    full-attention layers, causal + window on sliding layers — and slots 1..K go through the draft
    `norm` and the TARGET `lm_head`; the proposal is the argmax at each slot.
+The cache holds both: context at 0..start-1, the block's transient K/V at start..start+K (the next
+step's context overwrites them), so attention reads one contiguous span per row.
 """
 
 from __future__ import annotations
@@ -32,27 +33,40 @@ class DraftLayer(nn.Module):
         self.is_causal = config.layer_is_causal(index)
         self.window = config.layer_window(index)
 
-    def visible(self, q_pos, ctx_pos, ctx_len, block_pos):
-        """[B, 1, Q, S_ctx + Q] mask over [context ; block] in absolute positions."""
-        ctx = ctx_pos[None, None, :] < ctx_len[:, None, None]  # [B, 1, S_ctx]
-        ctx = ctx.expand(-1, q_pos.shape[1], -1)
-        keys = torch.cat([ctx_pos[None, :].expand(q_pos.shape[0], -1), block_pos], dim=1)
-        rel = q_pos[:, :, None] - keys[:, None, :]  # [B, Q, S] query minus key position
-        ok = torch.cat([ctx, torch.ones_like(rel[:, :, ctx_pos.numel():], dtype=torch.bool)], dim=2)
-        if self.is_causal:
-            ok &= rel >= 0
-        if self.window is not None:
-            ok &= rel < self.window
-            if not self.is_causal:
-                ok &= -rel < self.window
+    def visible(self, q_pos: torch.Tensor, key_end: torch.Tensor, s: int, uniform: bool) -> torch.Tensor | None:
+        """Mask [B, 1, Q or 1, s] over cache positions 0..s-1, or None when every key is visible.
+
+        A row sees its context and its block, i.e. positions < key_end (later positions hold another
+        row's longer context or stale drafts), narrowed by this layer's causal / sliding-window rule.
+        """
+        if uniform and not self.is_causal and self.window is None:
+            return None
+        keys = torch.arange(s, device=q_pos.device)
+        ok = keys[None, None, :] < key_end[:, None, None]  # [B, 1, S]
+        if self.is_causal or self.window is not None:
+            rel = q_pos[:, :, None] - keys[None, None, :]  # [B, Q, S] query minus key position
+            if self.is_causal:
+                ok = ok & (rel >= 0)
+            if self.window is not None:
+                ok = ok & (rel < self.window)
+                if not self.is_causal:
+                    ok = ok & (-rel < self.window)
         return ok[:, None]
 
-    def forward(self, x, rope, cache: KVCache, layer: int, slots, s_ctx: int, visible):
+    def forward(self, x, context, rope, cache: KVCache, layer: int, slots, positions, valid, s: int, visible):
+        """x [B, Q, H] block rows; context [B, C, H] features of newly committed tokens (or None).
+
+        One projection for [context ; block]: the context rows' K/V (no input norm, as z-lab) and the
+        block's K/V go into the cache at their positions, the block's queries attend to cache 0..s-1.
+        """
         h = self.input_layernorm(x)
-        q, k_blk, v_blk = self.self_attn.query_key_value(h, *rope)
-        k_ctx, v_ctx = cache.read(layer, slots, s_ctx)
-        keys = torch.cat([k_ctx, k_blk.transpose(1, 2)], dim=2)
-        values = torch.cat([v_ctx, v_blk.transpose(1, 2)], dim=2)
+        n_ctx = 0
+        if context is not None:
+            n_ctx = context.shape[1]
+            h = torch.cat([context, h], dim=1)
+        q, k, v = self.self_attn.query_key_value(h, *rope, q_from=n_ctx)
+        cache.write(layer, slots, positions, k, v, valid)
+        keys, values = cache.read(layer, slots, s)
         x = x + self.self_attn.attend(q, keys, values, visible)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -80,6 +94,10 @@ class DFlashDraft(nn.Module):
         w = self.fc.weight
         return KVCache(d.num_layers, n_slots, capacity, d.num_kv_heads, d.head_dim, w.dtype, w.device)
 
+    def context_features(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """target_hidden [B, T, n*H] -> fc -> hidden_norm: the features whose K/V form the context."""
+        return self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))
+
     def append_context(
         self,
         target_hidden: torch.Tensor,  # [B, T, n*H]
@@ -89,7 +107,7 @@ class DFlashDraft(nn.Module):
         valid: torch.Tensor | None = None,  # [B, T] bool: ragged rows (pad entries skipped)
     ) -> None:
         """Store the context K/V of committed tokens; the caller advances `cache.lengths`."""
-        ctx = self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))
+        ctx = self.context_features(target_hidden)
         cos, sin = self.rotary(positions, ctx.dtype)
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.key_value(ctx, cos, sin)
@@ -98,21 +116,40 @@ class DFlashDraft(nn.Module):
     def forward(
         self,
         noise_embedding: torch.Tensor,  # [B, Q, H] target embeddings of [bonus, MASK x K]
-        block_positions: torch.Tensor,  # [B, Q]
+        block_positions: torch.Tensor,  # [B, Q]: start .. start+Q-1, start = the row's context length
         cache: KVCache,
         slots: torch.Tensor,  # [B]
+        context: tuple | None = None,  # (target_hidden [B, T, n*H], positions [B, T], valid [B, T] | None)
     ) -> torch.Tensor:  # [B, Q, H] after the draft norm
-        ctx_len = cache.get_pos(slots)
-        s_ctx = int(ctx_len.max())
-        ctx_pos = torch.arange(s_ctx, device=ctx_len.device)
-        x = noise_embedding.to(self.fc.weight.dtype) * self.config.input_embedding_scale
-        rope = self.rotary(block_positions, x.dtype)
+        """Draft one block per row. The context K/V of positions < start must be in `cache`, or come
+        in `context` (tokens committed since the last call): then they are stored in the same pass,
+        equal to `append_context` followed by this call, with one projection per layer instead of two.
+        The block's own K/V land at start..start+Q-1 (transient: the next context overwrites them).
+        """
+        x = noise_embedding.to(self.fc.weight.dtype)
+        if self.config.input_embedding_scale != 1.0:
+            x = x * self.config.input_embedding_scale
+        b, width, _ = x.shape
+        positions, valid, ctx = block_positions, None, None
+        if context is not None:
+            hidden, ctx_positions, ctx_valid = context
+            if b == 1 and ctx_valid is not None:  # one row: its committed rows are a prefix
+                n = int(ctx_valid.sum())
+                hidden, ctx_positions, ctx_valid = hidden[:, :n], ctx_positions[:, :n], None
+            ctx = self.context_features(hidden)
+            positions = torch.cat([ctx_positions, block_positions], dim=1)
+            if ctx_valid is not None:
+                valid = torch.cat([ctx_valid, torch.ones_like(block_positions, dtype=torch.bool)], dim=1)
+        rope = self.rotary(positions, x.dtype)
+        key_end = block_positions[:, -1] + 1  # [B]: context + block
+        s = int(key_end.max())
+        uniform = b == 1 or bool((key_end == s).all())
         masks = {}  # one mask per distinct (causal, window) layer kind
         for i, layer in enumerate(self.layers):
             kind = (layer.is_causal, layer.window)
             if kind not in masks:
-                masks[kind] = layer.visible(block_positions, ctx_pos, ctx_len, block_positions)
-            x = layer(x, rope, cache, i, slots, s_ctx, masks[kind])
+                masks[kind] = layer.visible(block_positions, key_end, s, uniform)
+            x = layer(x, ctx, rope, cache, i, slots, positions, valid, s, masks[kind])
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:

@@ -56,8 +56,19 @@ class KVCache:
         v: torch.Tensor,  # [B, T, kv_heads, D]
         valid: torch.Tensor | None = None,  # [B, T] bool: write only these
     ) -> None:
-        if int(positions.max()) >= self.capacity:
-            raise IndexError(f"KV cache capacity {self.capacity} exceeded (position {int(positions.max())})")
+        """Store k, v at (slot, position) pairs. Positions must increase along each row (every caller
+        passes start + arange), which lets a single row at consecutive positions take a slice copy."""
+        first, last = int(positions[0, 0]), int(positions.max())
+        if last >= self.capacity:
+            raise IndexError(f"KV cache capacity {self.capacity} exceeded (position {last})")
+        t = positions.shape[1]
+        if slots.numel() == 1 and valid is None and last - first == t - 1:
+            # one row at consecutive positions (every decode step at batch 1): two slice copies, no scatter
+            # (rows are ascending by construction, so first..last spanning t positions means consecutive)
+            slot = int(slots[0])
+            self.k[layer, slot, :, first : last + 1] = k[0].transpose(0, 1)
+            self.v[layer, slot, :, first : last + 1] = v[0].transpose(0, 1)
+            return
         rows = slots[:, None].expand_as(positions)
         if valid is not None:
             rows, positions, k, v = rows[valid], positions[valid], k[valid], v[valid]

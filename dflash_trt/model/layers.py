@@ -149,13 +149,17 @@ class AttentionProjections(nn.Module):
         k = apply_rotary(k, cos.transpose(1, 2), sin.transpose(1, 2))
         return k, v.view(b, t, self.num_kv_heads, self.head_dim)
 
-    def query_key_value(self, x: torch.Tensor, cos, sin):
-        """x [B, T, H] -> q [B, heads, T, D]; k, v [B, T, kv_heads, D] (normed, rotated)."""
+    def query_key_value(self, x: torch.Tensor, cos, sin, q_from: int = 0):
+        """x [B, T, H] -> q [B, heads, T - q_from, D] (rows q_from..); k, v [B, T, kv_heads, D] (normed, rotated)."""
         if self.qkv is not None:
             q, k, v = F.linear(x, self.qkv).split(self.splits, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        return (self._shape_q(q, cos, sin), *self._shape_kv(k, v, cos, sin))
+        if q_from:
+            q, q_cos, q_sin = q[:, q_from:], cos[:, :, q_from:], sin[:, :, q_from:]
+        else:
+            q_cos, q_sin = cos, sin
+        return (self._shape_q(q, q_cos, q_sin), *self._shape_kv(k, v, cos, sin))
 
     def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [B, T, H] -> q [B, heads, T, D], normed and rotated."""

@@ -66,8 +66,16 @@ def speculative_generate(
     timings.prefill_s += time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    pending = None  # (rows, context) committed last step: stored by this step's draft pass
     while not all(row.done for row in rows):
         active = torch.tensor([r.index for r in rows if not r.done], device=device)
+        context = None
+        if pending is not None:
+            if torch.equal(pending[0], active):
+                context = pending[1]
+            else:  # a row finished: store the survivors' context on its own
+                draft.append_context(pending[1][0], pending[1][1], draft_cache, pending[0], pending[1][2])
+            pending = None
         step_width = min(width.width(), block_size) if width is not None else block_size
         offsets = torch.arange(step_width, device=device)[None, :]  # [1, W]
         block_start = start[active]  # [n] position of each bonus token
@@ -76,7 +84,7 @@ def speculative_generate(
         # 2) draft: [bonus, MASK x K] through the drafter in one pass; greedy proposals always
         block = torch.full((active.numel(), step_width), mask_token_id, dtype=torch.int64, device=device)
         block[:, 0] = bonus[active]
-        hidden = draft(target.embed(block), block_positions, draft_cache, active)
+        hidden = draft(target.embed(block), block_positions, draft_cache, active, context)
         drafts = draft.logits(hidden[:, 1:], target.lm_head).argmax(dim=-1)  # [n, K]
         block[:, 1:] = drafts
 
@@ -95,11 +103,10 @@ def speculative_generate(
             row.accepted_drafts.append(a)
         bonus[active] = chosen.gather(1, accepted[:, None])[:, 0]
 
-        # 5) rewind: both caches keep exactly the committed positions (bonus + accepted drafts)
+        # 5) rewind: both caches keep exactly the committed positions (bonus + accepted drafts); the
+        #    committed rows' taps become draft context in the next draft pass
         target_cache.crop(active, block_start + committed)
-        draft.append_context(
-            verify_hidden, block_positions, draft_cache, active, valid=offsets < committed[:, None]
-        )
+        pending = (active, (verify_hidden, block_positions, offsets < committed[:, None]))
         draft_cache.crop(active, block_start + committed)
         start[active] = block_start + committed
         timings.steps += 1
