@@ -80,8 +80,9 @@ class Target(nn.Module):
         slots: torch.Tensor,  # [B] cache slot of each row
         tap_layers: tuple[int, ...] = (),
         logit_rows: torch.Tensor | None = None,  # [B, R] indices into T; None = all T rows
+        head: bool = True,  # False: return the final-norm hidden states [B, R, H] instead of logits
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> logits [B, R, V], target_hidden [B, T, len(tap_layers) * H] (None without taps)."""
+        """-> logits [B, R, V] (or hidden [B, R, H]), target_hidden [B, T, len(tap_layers) * H] (None without taps)."""
         x = self.embed(tokens)
         rope = self.rotary(positions, x.dtype)
         key_positions = torch.arange(int(positions.max()) + 1, device=tokens.device)
@@ -98,4 +99,4 @@ class Target(nn.Module):
         target_hidden = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None
         if logit_rows is not None:
             x = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
-        return self.lm_head(x), target_hidden
+        return (self.lm_head(x) if head else x), target_hidden

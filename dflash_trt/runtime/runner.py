@@ -5,6 +5,7 @@ Slots index static per-slot caches, so rewinding a slot is only a length change.
 
 - TargetRunner.prefill(slots, prompts, sampling) -> (first tokens [B], taps [B, T, n*H], positions [B, T], lengths [B])
 - TargetRunner.verify(slots, blocks [B, K+1], start [B], sampling) -> (tokens [B, K+1], accepted [B], taps [B, K+1, n*H])
+  (only tokens[:, :accepted + 1] are specified; a runner may leave later entries uncomputed)
 - TargetRunner.commit(slots, lengths [B])
 - DraftRunner.append_context(slots, taps, positions, valid)
 - DraftRunner.propose(slots, bonus [B], start [B], block_size=None) -> drafts [B, K]  (K = block_size - 1 <= max)
@@ -23,6 +24,7 @@ from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.model.target import Target
 from dflash_trt.spec.batch import pad_prompts
 from dflash_trt.spec.sampling import sample_tokens
+from dflash_trt.spec.verify import verify_lazily
 from dflash_trt.kernels import verify_block  # the one switch: CUDA kernel when built, else the torch reference
 
 Sampling = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # temperature, top_k, top_p, seed [B]
@@ -62,6 +64,11 @@ class TorchTargetRunner:
     @torch.inference_mode()
     def verify(self, slots: torch.Tensor, blocks: torch.Tensor, start: torch.Tensor, sampling: Sampling):
         positions = start[:, None] + torch.arange(blocks.shape[1], device=self.device)[None, :]
+        if self.device.type == "cpu":  # lm_head only as far as drafts still match (see verify_lazily)
+            hidden, taps = self.target(blocks, positions, self.cache, slots, self.tap_layers, head=False)
+            tokens, accepted = verify_lazily(hidden, self.target.lm_head, blocks[:, 1:], start, *sampling,
+                                             verify=verify_block)
+            return tokens, accepted, taps
         logits, taps = self.target(blocks, positions, self.cache, slots, self.tap_layers)
         tokens, accepted = verify_block(logits, blocks[:, 1:], start, *sampling)
         return tokens, accepted, taps

@@ -16,7 +16,7 @@ from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.model.target import Target
 from dflash_trt.spec.batch import BatchParams, cache_capacity, prefill
 from dflash_trt.spec.requests import Detokenize, GenerationResult, OnCommit, Request, Row
-from dflash_trt.spec.verify import verify_block
+from dflash_trt.spec.verify import verify_block, verify_lazily
 from dflash_trt.spec.width import AdaptiveWidth
 
 
@@ -89,8 +89,12 @@ def speculative_generate(
         block[:, 1:] = drafts
 
         # 3) verify: the target runs the whole block once and picks its own token everywhere
-        logits, verify_hidden = target(block, block_positions, target_cache, active, taps)
-        chosen, accepted = verify_block(logits, drafts, block_start, *params.rows(active))
+        if device.type == "cpu":  # lm_head only as far as some row's drafts still match
+            hidden, verify_hidden = target(block, block_positions, target_cache, active, taps, head=False)
+            chosen, accepted = verify_lazily(hidden, target.lm_head, drafts, block_start, *params.rows(active))
+        else:
+            logits, verify_hidden = target(block, block_positions, target_cache, active, taps)
+            chosen, accepted = verify_block(logits, drafts, block_start, *params.rows(active))
 
         # 4) accept the longest matching prefix plus the target's token after it (the new bonus)
         committed = accepted + 1  # [n]
