@@ -39,7 +39,7 @@ def _config(tmp_path, tiny_pair, **overrides):
     ({"block_size": "eight"}, "field 'block_size': expected int"),
     ({"golden": {"max_new_tokens": 0}}, "field 'golden.max_new_tokens': must be >= 1"),
     ({"name": "bad name!"}, "field 'name'"),
-    ({"runtime": {"block_size_schedule": {4: 1}}}, "field 'runtime.block_size_schedule'"),
+    ({"runtime": {"block_size_schedule": {4: 0}}}, "field 'runtime.block_size_schedule'"),
 ])
 def test_config_errors_name_file_and_field(tmp_path, tiny_pair, edit, fragment):
     path = _config(tmp_path, tiny_pair, **edit)

@@ -83,7 +83,8 @@ def test_model_yaml_dflash_config(arch, backend):
     spec = cfg["speculative_config"]
     assert set(spec) <= DFLASH_FIELDS and spec["decoding_type"] == "DFlash"
     assert spec["max_draft_len"] == 15 and spec["speculative_model"] == "/models/Qwen3-8B-DFlash-b16"
-    assert spec["draft_len_schedule"] == {4: 7, 8: 3}  # DecodingBaseConfig: batch size -> draft length
+    # DecodingBaseConfig: batch size -> draft length, with the {1: max_draft_len} entry TRT-LLM requires
+    assert spec["draft_len_schedule"] == {1: 15, 4: 7, 8: 3}
     assert spec["attention_backend"] == backend == attention_backend(arch)
     assert cfg["backend"] == "pytorch" and cfg["max_seq_len"] == 4096 and cfg["attn_backend"] == "TRTLLM"
     assert cfg["triton_config"] == {"max_batch_size": 0, "decoupled": True}

@@ -122,3 +122,64 @@ def test_block_size_schedule_narrows_busy_steps_and_stays_lossless(loaded_tiny_p
         assert [g.tokens for g in got] == [e.tokens for e in autoregressive_generate(loaded_tiny_pair.target, requests)]
     finally:
         svc.shutdown()
+
+
+@pytest.fixture(scope="module")
+def shipped_pair():
+    from dflash_trt.engine.config import ASSETS
+    from dflash_trt.runtime.local import load_pair
+
+    return load_pair(ASSETS / "tiny-qwen3", ASSETS / "tiny-qwen3-dflash", dtype="fp32", device="cpu")
+
+
+def test_schedule_block_1_runs_autoregressive_steps_and_keeps_the_draft_context(shipped_pair):
+    """{3: 1}: with 3 requests running, steps verify the bonus token alone (no draft pass); when one
+    finishes, drafting resumes from a draft context that the AR steps kept complete — acceptance on
+    the shipped pair is then what an unscheduled run gets, and tokens equal autoregressive decoding."""
+    from dflash_trt.bench.local import load_prompts
+
+    prompts = load_prompts(None, None, 3)
+    requests = [Request(tuple(p), stop=StopCriteria(n)) for p, n in zip(prompts, (12, 96, 96))]
+    expected = autoregressive_generate(shipped_pair.target, requests)
+    runs = {}
+    for schedule in ({}, {3: 1}):
+        svc = DFlashService(shipped_pair, ServiceLimits(max_batch_size=3, max_seq_len=256, block_size=16,
+                                                        block_size_schedule=schedule))
+        try:
+            assert svc.scheduler.verify_width(3) == (1 if schedule else 16)
+            runs[bool(schedule)] = svc.generate(requests)
+            if schedule:
+                _assert_draft_context_complete(shipped_pair, svc.scheduler.draft.cache, requests, runs[True])
+        finally:
+            svc.shutdown()
+    for got in runs.values():
+        assert [g.tokens for g in got] == [e.tokens for e in expected]
+    for row in (1, 2):
+        plain, scheduled = runs[False][row].acceptance_lengths, runs[True][row].acceptance_lengths
+        assert scheduled[:3] == [1, 1, 1]  # the first steps ran with 3 requests: autoregressive
+        drafted = [a for a in scheduled[3:] if a > 1]
+        assert drafted and sum(scheduled) == sum(plain) == 95  # the first token comes from the prefill
+        # a draft context missing the AR steps' tokens would draft garbage and accept ~nothing
+        tail = scheduled[-10:]
+        assert sum(tail) / len(tail) >= 0.7 * sum(plain[-10:]) / 10
+
+
+def _assert_draft_context_complete(pair, cache, requests, results):
+    """Slot r (admission order) holds the context K/V of every committed position except the last
+    step's (still pending): equal to the drafter's K/V over the target's taps of the whole sequence."""
+    import torch
+
+    target, draft = pair.target, pair.draft
+    for slot, (request, result) in enumerate(zip(requests, results)):
+        sequence = torch.tensor([list(request.prompt) + result.tokens])
+        positions = torch.arange(sequence.shape[1])[None]
+        with torch.inference_mode():
+            _, taps = target(sequence, positions, target.new_cache(1, sequence.shape[1]), torch.arange(1),
+                             draft.config.target_layer_ids)
+            ctx = draft.context_features(taps)
+            cos, sin = draft.rotary(positions, ctx.dtype)
+            m = len(request.prompt) + sum(result.acceptance_lengths[:-1])
+            for i, layer in enumerate(draft.layers):
+                k, v = layer.self_attn.key_value(ctx, cos, sin)  # [1, T, kv_heads, D]
+                assert torch.allclose(cache.k[i, slot, :, :m], k[0, :m].transpose(0, 1), atol=1e-4), (slot, i)
+                assert torch.allclose(cache.v[i, slot, :, :m], v[0, :m].transpose(0, 1), atol=1e-4), (slot, i)

@@ -37,7 +37,8 @@ class RuntimeConfig:
     max_batch_size: int = 8
     max_seq_len: int = 1024
     # {batch size: block size}: steps with at least that many requests verify narrower blocks
-    # (busy steps are compute-bound; lossless at any width). Empty: always the bundle's block size.
+    # (busy steps are compute-bound; lossless at any width); block 1 = plain autoregressive steps,
+    # no draft pass. Empty: always the bundle's block size.
     block_size_schedule: dict = field(default_factory=dict)
     # Adaptive verify width (spec/width.py): a step's fixed cost in units of one verified token.
     # ~28 on a 2-core CPU, hundreds on GPUs (= always the full block). null: fixed widths.
@@ -111,8 +112,8 @@ def _check(cfg: BuildConfig, where: str) -> None:
     if cfg.runtime.max_batch_size < 1:
         bad("runtime.max_batch_size", f"must be >= 1, got {cfg.runtime.max_batch_size}")
     for batch, block in cfg.runtime.block_size_schedule.items():
-        if not (isinstance(batch, int) and isinstance(block, int) and batch >= 1 and block >= 2):
-            bad("runtime.block_size_schedule", f"expected {{batch size >= 1: block size >= 2}}, got {batch!r}: {block!r}")
+        if not (isinstance(batch, int) and isinstance(block, int) and batch >= 1 and block >= 1):
+            bad("runtime.block_size_schedule", f"expected {{batch size >= 1: block size >= 1}}, got {batch!r}: {block!r}")
     cost = cfg.runtime.adaptive_width_cost
     if cost is not None and not (isinstance(cost, (int, float)) and cost >= 0):
         bad("runtime.adaptive_width_cost", f"expected a number >= 0 (or null), got {cost!r}")

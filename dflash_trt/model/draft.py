@@ -156,6 +156,8 @@ class DFlashDraft(nn.Module):
         """Draft logits through the TARGET lm_head, with z-lab's multiplier and softcap."""
         # a sliced [B, K, H] view would make F.linear fall back to a batched matmul (~5x slower on CPU)
         flat = hidden.to(lm_head.weight.dtype).reshape(-1, hidden.shape[-1])
-        logits = lm_head(flat).view(*hidden.shape[:-1], -1) * self.config.output_multiplier
+        logits = lm_head(flat).view(*hidden.shape[:-1], -1)
+        if self.config.output_multiplier != 1.0:
+            logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits

@@ -231,7 +231,8 @@ class Scheduler:
         return n
 
     def verify_width(self, batch: int) -> int:
-        """Block size for a step of `batch` rows: the schedule's entry at or below `batch`, capped."""
+        """Block size for a step of `batch` rows: the schedule's entry at or below `batch`, capped
+        (1: verify the bonus token alone, an autoregressive step that keeps the draft context)."""
         width = self.block_size
         for threshold, block in self.block_size_schedule.items():
             if batch >= threshold:
@@ -258,10 +259,11 @@ class Scheduler:
         bonus = torch.tensor([s.bonus for s in seqs], device=self.device)
         start = torch.tensor([s.start for s in seqs], device=self.device)
         t0 = time.perf_counter()
-        if self.draft is not None:
-            drafts = self.draft.propose(slots, bonus, start, self.verify_width(len(seqs)))  # [n, K]
-        else:
-            drafts = torch.zeros(len(seqs), 0, dtype=torch.int64, device=self.device)  # K = 0: plain AR
+        width = self.verify_width(len(seqs))
+        if self.draft is not None and width > 1:
+            drafts = self.draft.propose(slots, bonus, start, width)  # [n, K]
+        else:  # K = 0: a plain autoregressive step (no drafter, or a schedule entry of block 1)
+            drafts = torch.zeros(len(seqs), 0, dtype=torch.int64, device=self.device)
         t1 = time.perf_counter()
         blocks = torch.cat([bonus[:, None], drafts], dim=1)
         tokens, accepted, taps = self.target.verify(slots, blocks, start, self._sampling(seqs))

@@ -81,6 +81,18 @@ def cuda_graph_batch_sizes(max_batch_size: int) -> list[int]:
     return sizes if sizes[-1] == max_batch_size else sizes + [max_batch_size]
 
 
+def draft_len_schedule(e: LlmapiExport) -> dict[int, int]:
+    """DecodingBaseConfig.draft_len_schedule: batch size -> draft length (0 disables speculation).
+    TensorRT-LLM requires the entry {1: max_draft_len}, so it is added when the config has none."""
+    schedule = {1: e.block_size - 1}
+    for batch, block in e.block_size_schedule:
+        if batch == 1 and block != e.block_size:
+            raise ConfigError(f"runtime.block_size_schedule {{1: {block}}}: TensorRT-LLM requires batch size 1 to "
+                              f"draft max_draft_len = block_size - 1 = {e.block_size - 1}; set block_size to {block}")
+        schedule[batch] = min(block, e.block_size) - 1
+    return schedule
+
+
 def model_yaml(e: LlmapiExport) -> dict:
     """The llmapi model.yaml: LLM() keyword arguments plus `triton_config`."""
     kv_cache = {"free_gpu_memory_fraction": e.free_gpu_memory_fraction, "enable_block_reuse": False}
@@ -101,8 +113,7 @@ def model_yaml(e: LlmapiExport) -> dict:
             "max_draft_len": e.block_size - 1,
             "speculative_model": e.draft,
             "attention_backend": attention_backend(e.gpu_arch),
-            **({"draft_len_schedule": {batch: block - 1 for batch, block in e.block_size_schedule}}
-               if e.block_size_schedule else {}),
+            **({"draft_len_schedule": draft_len_schedule(e)} if e.block_size_schedule else {}),
         },
         "triton_config": {"max_batch_size": 0, "decoupled": True},
     }
