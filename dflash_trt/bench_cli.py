@@ -13,7 +13,9 @@ from dflash_trt.cli_types import INT_LIST
 @click.option("--draft", default="builtin:tiny-qwen3-dflash", show_default=True, help="Local mode: drafter.")
 @click.option("--prompts", "prompts_path", type=click.Path(exists=True, dir_okay=False),
               help="JSONL with token_ids or text per line (default: the shipped held-out prompts).")
-@click.option("--num-prompts", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--num-prompts", type=click.IntRange(min=1),
+              help="Default: 16 locally; served, 4 requests per slot of the highest concurrency (at least 16), "
+                   "so the draining last wave does not dominate the throughput.")
 @click.option("--block-sizes", type=INT_LIST, default="8,16", show_default=True, help="Local mode.")
 @click.option("--concurrency", type=INT_LIST, default="1,2,4,8", show_default=True, help="Served mode sweep.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
@@ -40,7 +42,8 @@ def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, co
         os.environ["DFLASH_TRT_CPU_THREADS"] = str(threads)
     sampling = {"temperature": temperature, "seed": seed}
     if url:
+        num_prompts = num_prompts or max(16, 4 * max(concurrency))
         runner.run_served(url, prompts_path, num_prompts, concurrency, max_new_tokens, sampling, out_dir)
     else:
-        runner.run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tokens, sampling, device,
+        runner.run_local(target, draft, prompts_path, num_prompts or 16, block_sizes, max_new_tokens, sampling, device,
                          out_dir, adaptive_cost)
