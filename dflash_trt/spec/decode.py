@@ -73,7 +73,7 @@ def speculative_generate(
         if pending is not None:
             if torch.equal(pending[0], active):
                 context = pending[1]
-            else:  # a row finished: store the survivors' context on its own
+            else:  # a row finished: store last step's context on its own
                 draft.append_context(pending[1][0], pending[1][1], draft_cache, pending[0], pending[1][2])
             pending = None
         step_width = min(width.width(), block_size) if width is not None else block_size
