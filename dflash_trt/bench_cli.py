@@ -25,10 +25,12 @@ from dflash_trt.cli_types import INT_LIST
 @click.option("--threads", type=click.IntRange(min=1), help="Local mode: CPU intra-op threads (DFLASH_TRT_CPU_THREADS).")
 @click.option("--adaptive-cost", type=click.FloatRange(min=0), help="Local mode: pick verify widths from measured "
               "acceptance, a step costing this many verified tokens (~28 on a 2-core CPU; see spec/width.py).")
+@click.option("--reference", is_flag=True, help="Local mode: also race z-lab's dflash_generate (dflash==0.1.0) on "
+              "the same prompts, alternating, and check its tokens are identical (greedy only).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
               help="Folder for results.json and the PNG plots.")
 def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, concurrency, max_new_tokens,
-                  temperature, seed, device, threads, adaptive_cost, out_dir):
+                  temperature, seed, device, threads, adaptive_cost, reference, out_dir):
     """Same prompts, both ways, in one run: τ, per-position acceptance, tokens/s, TTFT/TPOT, speed-up.
 
     Local: batch-1 decoding on the torch runtime for each block size. Served (--url): a concurrency
@@ -41,9 +43,16 @@ def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, co
     if threads:
         os.environ["DFLASH_TRT_CPU_THREADS"] = str(threads)
     sampling = {"temperature": temperature, "seed": seed}
+    if reference:
+        from dflash_trt.bench.reference import require_reference
+
+        if url or temperature > 0:
+            raise click.BadParameter("compares local greedy decoding: drop --url and --temperature",
+                                     param_hint="--reference")
+        require_reference()
     if url:
         num_prompts = num_prompts or max(16, 4 * max(concurrency))
         runner.run_served(url, prompts_path, num_prompts, concurrency, max_new_tokens, sampling, out_dir)
     else:
         runner.run_local(target, draft, prompts_path, num_prompts or 16, block_sizes, max_new_tokens, sampling, device,
-                         out_dir, adaptive_cost)
+                         out_dir, adaptive_cost, reference)

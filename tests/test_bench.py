@@ -45,3 +45,20 @@ def test_pareto_and_histogram_plots_render(tmp_path):
     _png_ok(acceptance_histogram({"a": [1, 2, 2, 3], "b": [4, 4, 5]}, 6, tmp_path / "h.png"))
     ratios = scaling(points)
     assert ratios[1] == 1.0 and ratios[8] > ratios[2]
+
+
+def test_local_bench_races_the_zlab_reference_with_identical_tokens(tiny_pair, tmp_path):
+    pytest.importorskip("dflash.model")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"token_ids": [i + 5, 9, i + 7, 3]}) + "\n" for i in range(2)))
+    args = ["bench", "--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1]), "--prompts", str(prompts),
+            "--block-sizes", "4", "--max-new-tokens", "12", "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(cli, args + ["--reference"])
+    assert result.exit_code == 0, result.output
+    assert "dflash_generate" in result.output
+    (comparison,) = json.loads((tmp_path / "out" / "results.json").read_text())["reference"]
+    assert comparison["block_size"] == 4 and comparison["prompts"] == 2
+    assert comparison["identical_prompts"] == 2 and comparison["generated_tokens"] == 24
+    assert comparison["speedup"] > 0 and comparison["reference_tokens_per_s"] > 0
+    refused = CliRunner().invoke(cli, args + ["--reference", "--temperature", "0.7"])
+    assert refused.exit_code == 2 and "--reference" in refused.output and "greedy" in refused.output

@@ -25,6 +25,17 @@ def print_local(results) -> None:
     _console.print(table)
 
 
+def print_reference(comparisons) -> None:
+    table = Table(title="dflash-trt vs z-lab dflash_generate (dflash==0.1.0), batch 1, fp32, greedy, alternating")
+    for column in ("block", "prompts", "tokens", "dflash-trt tok/s", "reference tok/s", "speed-up", "identical"):
+        table.add_column(column, justify="right")
+    for c in comparisons:
+        table.add_row(str(c.block_size), str(c.prompts), str(c.generated_tokens),
+                      f"{c.generated_tokens / c.ours_seconds:.1f}", f"{c.generated_tokens / c.reference_seconds:.1f}",
+                      f"{c.speedup:.2f}x", f"{c.identical_prompts}/{c.prompts}")
+    _console.print(table)
+
+
 def print_served(points, ratios: dict[int, float]) -> None:
     table = Table(title="served: DFlash (dflash) vs autoregressive (dflash_ar), gRPC streaming, one run")
     for column in ("model", "concurrency", "requests", "output tok/s", "per-user tok/s", "TTFT ms", "TTFT p90 ms",

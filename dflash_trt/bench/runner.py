@@ -34,7 +34,7 @@ def _write(out_dir: str, payload: dict) -> Path:
 
 
 def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tokens, sampling, device, out_dir,
-              adaptive_cost=None):
+              adaptive_cost=None, reference=False):
     from rich.progress import Progress
 
     pair = load_pair(resolve_model_path(target, Path.cwd()), resolve_model_path(draft, Path.cwd()), "fp32", device)
@@ -50,13 +50,34 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
             results.append(bench_block_size(pair, prompts, block_size, max_new_tokens, params, stop_ids,
                                             lambda: progress.advance(task), adaptive_cost))
     report.print_local(results)
+    extra = {}
+    if reference:
+        comparisons = _compare_reference(pair, prompts, block_sizes, max_new_tokens, adaptive_cost)
+        report.print_reference(comparisons)
+        extra["reference"] = [c.to_dict() for c in comparisons]
     out = _write(out_dir, _header("local", target=str(target), draft=str(draft), max_new_tokens=max_new_tokens,
                                   sampling=sampling, adaptive_width_cost=adaptive_cost,
-                                  results=[r.to_dict() for r in results]))
+                                  results=[r.to_dict() for r in results], **extra))
     plots.acceptance_histogram({f"block {r.block_size}": r.acceptance_lengths for r in results},
                                max(block_sizes), out / "acceptance_histogram.png")
     report.say(f"wrote {out / 'results.json'} and {out / 'acceptance_histogram.png'}")
     return results
+
+
+def _compare_reference(pair, prompts, block_sizes, max_new_tokens, adaptive_cost):
+    from rich.progress import Progress
+
+    from dflash_trt.bench.reference import compare_with_reference
+    from dflash_trt.spec.width import AdaptiveWidth
+
+    comparisons = []
+    with Progress(transient=True) as progress:
+        for block_size in block_sizes:
+            task = progress.add_task(f"vs dflash_generate, block size {block_size}", total=len(prompts))
+            width = AdaptiveWidth(block_size, adaptive_cost) if adaptive_cost is not None else None
+            comparisons.append(compare_with_reference(pair, prompts, block_size, max_new_tokens, width,
+                                                      lambda: progress.advance(task)))
+    return comparisons
 
 
 def run_served(url, prompts_path, num_prompts, levels, max_new_tokens, sampling, out_dir):
