@@ -47,6 +47,13 @@ def test_pareto_and_histogram_plots_render(tmp_path):
     assert ratios[1] == 1.0 and ratios[8] > ratios[2]
 
 
+def test_served_point_per_position_acceptance_from_committed_lengths():
+    point = ServedPoint("dflash", 1, 1, 1.0, 10, 0.1, 0.1, 0.01, 10.0, 2.5, [1, 3, 2, 4])
+    assert point.per_position_acceptance == [0.75, 0.5, 0.25]  # steps committing > 1, > 2, > 3 tokens
+    assert point.to_dict()["per_position_acceptance"] == [0.75, 0.5, 0.25]
+    assert ServedPoint("dflash_ar", 1, 1, 1.0, 0, 0.1, 0.1, 0.01, 10.0, 0.0).per_position_acceptance == []
+
+
 def test_local_bench_races_the_zlab_reference_with_identical_tokens(tiny_pair, tmp_path):
     pytest.importorskip("dflash.model")
     prompts = tmp_path / "p.jsonl"

@@ -210,3 +210,29 @@ def test_stop_words_cut_text_and_stream_never_takes_text_back(served):
     assert result.text == base.text[: base.text.index(stop)]
     assert "".join(pieces) == result.text
     assert json.dumps(result.text)  # valid text
+
+
+def test_served_bench_sweeps_both_models_and_writes_schema_and_plots(served, tmp_path):
+    """`dflash-trt bench --url`: one run, dflash and dflash_ar side by side at each concurrency."""
+    from click.testing import CliRunner
+
+    from dflash_trt.cli import cli
+    from test_bench import _png_ok
+
+    server, _, _ = served
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(cli, ["bench", "--url", server.grpc_url, "--concurrency", "1,2", "--num-prompts", "4",
+                                      "--max-new-tokens", "16", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "results.json").read_text())
+    assert data["mode"] == "served" and data["schema_version"] == 1
+    points = {(p["model"], p["concurrency"]): p for p in data["points"]}
+    assert set(points) == {(m, c) for m in ("dflash", "dflash_ar") for c in (1, 2)}
+    for (model, _), p in points.items():
+        assert p["requests"] == 4 and p["output_tokens"] == 4 * 16 and p["output_tokens_per_s"] > 0
+        assert p["ttft_mean_s"] > 0 and p["tpot_mean_s"] > 0
+        assert (p["mean_acceptance_length"] > 1) == (model == "dflash")  # the shipped pair accepts drafts
+        assert (len(p["per_position_acceptance"]) > 0) == (model == "dflash")
+    assert data["dflash_scaling_vs_c1"]["1"] == 1.0
+    _png_ok(out / "pareto.png")
+    _png_ok(out / "acceptance_histogram.png")

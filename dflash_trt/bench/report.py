@@ -39,12 +39,14 @@ def print_reference(comparisons) -> None:
 def print_served(points, ratios: dict[int, float]) -> None:
     table = Table(title="served: DFlash (dflash) vs autoregressive (dflash_ar), gRPC streaming, one run")
     for column in ("model", "concurrency", "requests", "output tok/s", "per-user tok/s", "TTFT ms", "TTFT p90 ms",
-                   "TPOT ms", "τ"):
+                   "TPOT ms", "τ", "acceptance by draft position"):
         table.add_column(column, justify="right")
     for p in points:
+        rates = p.per_position_acceptance if p.model == "dflash" else []
         table.add_row(p.model, str(p.concurrency), str(p.requests), f"{p.output_tokens_per_s:.1f}",
                       f"{p.per_user_tokens_per_s:.1f}", f"{p.ttft_mean_s * 1e3:.0f}", f"{p.ttft_p90_s * 1e3:.0f}",
-                      f"{p.tpot_mean_s * 1e3:.1f}", f"{p.mean_acceptance_length:.2f}" if p.model == "dflash" else "-")
+                      f"{p.tpot_mean_s * 1e3:.1f}", f"{p.mean_acceptance_length:.2f}" if p.model == "dflash" else "-",
+                      " ".join(f"{r:.2f}" for r in rates[:6]) + (" …" if len(rates) > 6 else "") or "-")
     _console.print(table)
     by = {(p.model, p.concurrency): p for p in points}
     for c in sorted({p.concurrency for p in points}):

@@ -33,10 +33,17 @@ class ServedPoint:
     def output_tokens_per_s(self) -> float:
         return self.output_tokens / self.wall_s
 
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """[i-1]: share of verify steps that committed more than i tokens (draft i accepted)."""
+        steps = self.acceptance_lengths
+        return [sum(n > i for n in steps) / len(steps) for i in range(1, max(steps, default=1))]
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("acceptance_lengths")
-        return d | {"output_tokens_per_s": self.output_tokens_per_s}
+        return d | {"output_tokens_per_s": self.output_tokens_per_s,
+                    "per_position_acceptance": self.per_position_acceptance}
 
 
 def _point(model: str, concurrency: int, results: list[ServedResult], wall: float) -> ServedPoint:
