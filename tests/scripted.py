@@ -44,6 +44,9 @@ class ScriptedDraft:
     def append_context(self, *args, **kwargs):
         return self.draft.append_context(*args, **kwargs)
 
+    def take_context(self, *args):
+        return self.draft.take_context(*args)
+
     def __call__(self, noise_embedding, block_positions, cache, slots, context=None):
         self._last = (slots.tolist(), block_positions[:, 0].tolist())
         return self.draft(noise_embedding, block_positions, cache, slots, context)

@@ -52,6 +52,11 @@ def compute_golden(pair, prompts: list[list[int]], max_new_tokens: int, block_si
     requests = [Request(tuple(p), stop=StopCriteria(max_new_tokens)) for p in prompts]
     spec = speculative_generate(pair.target, pair.draft, requests, block_size)
     ar = autoregressive_generate(pair.target, requests)
+    return golden_block(prompts, spec, ar, max_new_tokens, block_size)
+
+
+def golden_block(prompts: list[list[int]], spec, ar, max_new_tokens: int, block_size: int) -> dict:
+    """The manifest's `golden` block from speculative (`spec`) and autoregressive (`ar`) results."""
     lengths = [n for r in spec for n in r.acceptance_lengths]
     return {
         "max_new_tokens": max_new_tokens,

@@ -44,14 +44,19 @@ class DraftLayer(nn.Module):
         keys = torch.arange(s, device=q_pos.device)
         ok = keys[None, None, :] < key_end[:, None, None]  # [B, 1, S]
         if self.is_causal or self.window is not None:
-            rel = q_pos[:, :, None] - keys[None, None, :]  # [B, Q, S] query minus key position
-            if self.is_causal:
-                ok = ok & (rel >= 0)
-            if self.window is not None:
-                ok = ok & (rel < self.window)
-                if not self.is_causal:
-                    ok = ok & (-rel < self.window)
+            ok = self.narrow(ok, q_pos[:, :, None] - keys[None, None, :])
         return ok[:, None]
+
+    def narrow(self, ok: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
+        """`ok` [B, Q or 1, S] and this layer's causal / sliding-window rule on `rel` [B, Q, S] (query
+        minus key position; z-lab `_attention_mask`)."""
+        if self.is_causal:
+            ok = ok & (rel >= 0)
+        if self.window is not None:
+            ok = ok & (rel < self.window)
+            if not self.is_causal:
+                ok = ok & (-rel < self.window)
+        return ok
 
     def forward(self, x, context, rope, cache: KVCache, layer: int, slots, positions, valid, s: int, visible):
         """x [B, Q, H] block rows; context [B, C, H] features of newly committed tokens (or None).
@@ -112,6 +117,18 @@ class DFlashDraft(nn.Module):
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.key_value(ctx, cos, sin)
             cache.write(i, slots, positions, k, v, valid)
+
+    def take_context(self, pending: tuple | None, cache: KVCache, slots: torch.Tensor | None) -> tuple | None:
+        """A deferred context `pending` = (slots, target_hidden, positions, valid), or None: the
+        `context` argument of a draft pass over exactly those `slots`; otherwise stored in `cache`
+        now (append_context) and None returned."""
+        if pending is None:
+            return None
+        if slots is not None and torch.equal(pending[0], slots):
+            return pending[1:]
+        rows, target_hidden, positions, valid = pending
+        self.append_context(target_hidden, positions, cache, rows, valid)
+        return None
 
     def forward(
         self,

@@ -92,24 +92,15 @@ class TorchDraftRunner:
     def append_context(self, slots, taps, positions, valid) -> None:
         """Deferred: the next `propose` over the same slots stores it in its own pass (one projection
         per layer for context and block); any other call order stores it first."""
-        self._flush()
+        self.draft.take_context(self.pending, self.cache, None)
         self.pending = (slots, taps, positions, valid)
-
-    def _flush(self) -> None:
-        if self.pending is not None:
-            slots, taps, positions, valid = self.pending
-            self.pending = None
-            self.draft.append_context(taps, positions, self.cache, slots, valid)
 
     @torch.inference_mode()
     def propose(self, slots: torch.Tensor, bonus: torch.Tensor, start: torch.Tensor,
                 block_size: int | None = None) -> torch.Tensor:
         """Drafts [B, block_size - 1] for blocks [bonus, MASK x K] opened at `start` (K may vary per step)."""
         width = min(block_size or self.block_size, self.block_size)
-        context = None
-        if self.pending is not None and torch.equal(self.pending[0], slots):
-            context, self.pending = self.pending[1:], None
-        self._flush()
+        context, self.pending = self.draft.take_context(self.pending, self.cache, slots), None
         block = torch.full((slots.numel(), width), self.mask_token_id, dtype=torch.int64, device=self.device)
         block[:, 0] = bonus
         positions = start[:, None] + torch.arange(width, device=self.device)[None, :]

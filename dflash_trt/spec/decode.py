@@ -66,16 +66,10 @@ def speculative_generate(
     timings.prefill_s += time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    pending = None  # (rows, context) committed last step: stored by this step's draft pass
+    pending = None  # last step's committed context: stored by this step's draft pass (see take_context)
     while not all(row.done for row in rows):
         active = torch.tensor([r.index for r in rows if not r.done], device=device)
-        context = None
-        if pending is not None:
-            if torch.equal(pending[0], active):
-                context = pending[1]
-            else:  # a row finished: store last step's context on its own
-                draft.append_context(pending[1][0], pending[1][1], draft_cache, pending[0], pending[1][2])
-            pending = None
+        context = draft.take_context(pending, draft_cache, active)
         step_width = min(width.width(), block_size) if width is not None else block_size
         offsets = torch.arange(step_width, device=device)[None, :]  # [1, W]
         block_start = start[active]  # [n] position of each bonus token
@@ -110,7 +104,7 @@ def speculative_generate(
         # 5) rewind: both caches keep exactly the committed positions (bonus + accepted drafts); the
         #    committed rows' taps become draft context in the next draft pass
         target_cache.crop(active, block_start + committed)
-        pending = (active, (verify_hidden, block_positions, offsets < committed[:, None]))
+        pending = (active, verify_hidden, block_positions, offsets < committed[:, None])
         draft_cache.crop(active, block_start + committed)
         start[active] = block_start + committed
         timings.steps += 1

@@ -96,8 +96,7 @@ class ResponseStream:
     emitter thread. A failed send or a client cancellation (polled after each send) sets `cancelled`,
     which the scheduler reads without any IPC."""
 
-    def __init__(self, pb, sender, stream: bool, text: TextStream | None, emitter: Emitter | None = None,
-                 poll_cancelled=None):
+    def __init__(self, pb, sender, stream: bool, text: TextStream | None, emitter: Emitter, poll_cancelled=None):
         self.pb, self.sender, self.stream, self.text = pb, sender, stream, text
         self.emitter, self.poll_cancelled = emitter, poll_cancelled
         self.cancelled = False
@@ -106,10 +105,7 @@ class ResponseStream:
         return self.cancelled
 
     def __call__(self, event) -> None:
-        if self.emitter is None:
-            self._deliver(event)
-        else:
-            self.emitter.post(lambda: self._deliver_or_cancel(event))
+        self.emitter.post(lambda: self._deliver_or_cancel(event))
 
     def _deliver_or_cancel(self, event) -> None:
         try:

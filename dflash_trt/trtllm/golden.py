@@ -9,6 +9,7 @@ autoregressive decoding), decoded through the built engines instead of the torch
 
 from __future__ import annotations
 
+from dflash_trt.engine.golden import golden_block
 from dflash_trt.runtime.runner import DraftRunner, TargetRunner
 from dflash_trt.runtime.scheduler import Event, Scheduler
 from dflash_trt.spec.requests import GenerationResult, Request, StopCriteria
@@ -50,12 +51,4 @@ def golden_outputs(target: TargetRunner, draft: DraftRunner, ar_target: TargetRu
     requests = [Request(tuple(p), stop=StopCriteria(max_new_tokens)) for p in prompts]
     spec = decode(target, draft, requests, n_slots, capacity, device)
     ar = decode(ar_target, None, requests, n_slots, capacity, device)
-    lengths = [n for r in spec for n in r.acceptance_lengths]
-    return {
-        "max_new_tokens": max_new_tokens,
-        "block_size": block_size,
-        "outputs": [{"prompt_ids": p, "token_ids": r.tokens, "acceptance_lengths": r.acceptance_lengths}
-                    for p, r in zip(prompts, spec)],
-        "mean_acceptance_length": sum(lengths) / len(lengths) if lengths else 0.0,
-        "matches_autoregressive": [r.tokens for r in spec] == [r.tokens for r in ar],
-    }
+    return golden_block(prompts, spec, ar, max_new_tokens, block_size)

@@ -59,20 +59,13 @@ def attend(attn: AttentionProjections, q, k, v, visible) -> torch.Tensor:
 
 
 def block_mask(layer: DraftLayer, positions, context_lengths, context_len_like) -> torch.Tensor:
-    """[B, 1, Q, S + Q] visibility over [context ; block] in absolute positions (`DraftLayer.visible`)."""
+    """[B, 1, Q, S + Q] visibility over [context ; block] in absolute positions (`DraftLayer.narrow`)."""
     ctx_pos = torch.arange(context_len_like.shape[3], device=positions.device)  # [S]
     ctx_ok = (ctx_pos[None, None, :] < context_lengths[:, None, None]).expand(-1, positions.shape[1], -1)
     keys = torch.cat([ctx_pos[None, :].expand(positions.shape[0], -1), positions], dim=1)  # [B, S + Q]
     rel = positions[:, :, None] - keys[:, None, :]  # [B, Q, S + Q]: query minus key position
     block_ok = torch.ones_like(positions[:, :, None].expand(-1, -1, positions.shape[1]), dtype=torch.bool)
-    ok = torch.cat([ctx_ok, block_ok], dim=2)
-    if layer.is_causal:
-        ok = ok & (rel >= 0)
-    if layer.window is not None:
-        ok = ok & (rel < layer.window)
-        if not layer.is_causal:
-            ok = ok & (-rel < layer.window)
-    return ok[:, None]
+    return layer.narrow(torch.cat([ctx_ok, block_ok], dim=2), rel)[:, None]
 
 
 class DraftContextGraph(nn.Module):

@@ -187,22 +187,9 @@ int32_t dfv_emu_verify(const void* logits, int32_t dtype, int32_t batch, int32_t
                        const void* drafts, int32_t drafts_bytes, const int64_t* start, const float* temperature,
                        const int64_t* top_k, const float* top_p, const int64_t* seed, int64_t mask_token_id,
                        int64_t* tokens, int64_t* accepted, int64_t* next_block_ids, char* err, int32_t err_len) {
-  dfv::VerifyArgs a{};
-  a.logits = logits;
-  a.logits_dtype = dtype;
-  a.batch = batch;
-  a.block_size = block_size;
-  a.vocab = vocab;
-  a.drafts = dfv::IntIn{drafts, drafts_bytes};
-  a.start = dfv::IntIn{start, 8};
-  a.temperature = temperature;
-  a.top_k = dfv::IntIn{top_k, 8};
-  a.top_p = top_p;
-  a.seed = seed;
-  a.mask_token_id = mask_token_id;
-  a.tokens = dfv::IntOut{tokens, 8};
-  a.accepted = dfv::IntOut{accepted, 8};
-  a.next_block_ids = dfv::IntOut{next_block_ids, 8};
+  const dfv::VerifyArgs a = dfv::host_args(logits, dtype, batch, block_size, vocab, drafts, drafts_bytes, start,
+                                           temperature, top_k, top_p, seed, mask_token_id, tokens, accepted,
+                                           next_block_ids);
   try {
     if (const char* problem = dfv::check_args(a)) throw std::runtime_error(problem);
     g_args = a;

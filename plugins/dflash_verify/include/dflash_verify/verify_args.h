@@ -45,6 +45,32 @@ struct VerifyArgs {
   IntOut next_block_ids;   // [B, K+1]: [t_a, mask_token_id x K]; data may be null
 };
 
+// The host C ABI's arguments (the CPU twin and the CTA emulator): int64 ids everywhere except
+// drafts, whose element size the caller passes.
+inline VerifyArgs host_args(const void* logits, int32_t dtype, int32_t batch, int32_t block_size, int32_t vocab,
+                            const void* drafts, int32_t drafts_bytes, const int64_t* start,
+                            const float* temperature, const int64_t* top_k, const float* top_p,
+                            const int64_t* seed, int64_t mask_token_id, int64_t* tokens, int64_t* accepted,
+                            int64_t* next_block_ids) {
+  VerifyArgs a{};
+  a.logits = logits;
+  a.logits_dtype = dtype;
+  a.batch = batch;
+  a.block_size = block_size;
+  a.vocab = vocab;
+  a.drafts = IntIn{drafts, drafts_bytes};
+  a.start = IntIn{start, 8};
+  a.temperature = temperature;
+  a.top_k = IntIn{top_k, 8};
+  a.top_p = top_p;
+  a.seed = seed;
+  a.mask_token_id = mask_token_id;
+  a.tokens = IntOut{tokens, 8};
+  a.accepted = IntOut{accepted, 8};
+  a.next_block_ids = IntOut{next_block_ids, 8};
+  return a;
+}
+
 // Vocabularies up to 2**23 keep every fixed-point softmax sum inside int64.
 constexpr int32_t kMaxVocab = 1 << 23;
 
