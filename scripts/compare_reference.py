@@ -30,12 +30,15 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--adaptive-cost", type=float, help="ours picks verify widths (spec/width.py); tokens stay identical")
+    ap.add_argument("--draft-confidence", type=float, default=0.0,
+                    help="ours verifies only the drafts the drafter trusts this much (0 = full blocks)")
     args = ap.parse_args()
     target_dir, draft_dir = resolve_model_path(args.target, Path.cwd()), resolve_model_path(args.draft, Path.cwd())
     pair = load_pair(target_dir, draft_dir, "fp32", "cpu")  # also pins CPU threads (DFLASH_TRT_CPU_THREADS)
     prompts = load_prompts(args.prompts, pair.tokenizer, args.num_prompts)
     width = AdaptiveWidth(args.block_size, args.adaptive_cost) if args.adaptive_cost is not None else None
-    c = compare_with_reference(pair, prompts, args.block_size, args.max_new_tokens, width)
+    c = compare_with_reference(pair, prompts, args.block_size, args.max_new_tokens, width,
+                               min_confidence=args.draft_confidence)
     print(f"prompts {c.prompts}, block size {c.block_size}, {c.generated_tokens} tokens, "
           f"torch threads {torch.get_num_threads()}")
     print(f"identical tokens: {c.identical_prompts}/{c.prompts}")

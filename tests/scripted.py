@@ -12,6 +12,8 @@ import random
 
 import torch
 
+from dflash_trt.model.draft import confident_drafts
+
 
 def scripted_token(script: list[int], pos: int, corrupt: float, seed: int, vocab: int) -> int:
     token = script[pos] if pos < len(script) else 0
@@ -21,22 +23,31 @@ def scripted_token(script: list[int], pos: int, corrupt: float, seed: int, vocab
     return token
 
 
-def scripted_logits(shape, like, scripts, slots, starts, corrupt, seed):
-    """One-hot logits [n, K, V]: row r proposes scripted tokens at positions starts[r]+1 ...."""
+def scripted_sharpness(pos: int, seed: int) -> float:
+    """A seeded logit height in [4, 16) per position: draft confidences from ~0.01 to ~1."""
+    return 4.0 + 12.0 * random.Random(seed * 7_000_003 + pos).random()
+
+
+def scripted_logits(shape, like, scripts, slots, starts, corrupt, seed, sharp=False):
+    """One-hot logits [n, K, V]: row r proposes scripted tokens at positions starts[r]+1 ....
+    `sharp`: the hot logit is `scripted_sharpness` instead of 1 (varied draft confidence)."""
     out = torch.zeros(shape, dtype=like.dtype)
     for row, (slot, start) in enumerate(zip(slots, starts)):
         for j in range(shape[1]):
-            out[row, j, scripted_token(scripts[slot], start + 1 + j, corrupt, seed + slot, shape[2])] = 1.0
+            pos = start + 1 + j
+            hot = scripted_sharpness(pos, seed + slot) if sharp else 1.0
+            out[row, j, scripted_token(scripts[slot], pos, corrupt, seed + slot, shape[2])] = hot
     return out
 
 
 class ScriptedDraft:
     """Wraps our `DFlashDraft`; `scripts[slot]` is the full token sequence (prompt + output)."""
 
-    def __init__(self, draft, scripts: list[list[int]], corrupt: float, seed: int = 0):
-        self.draft, self.scripts, self.corrupt, self.seed = draft, scripts, corrupt, seed
+    def __init__(self, draft, scripts: list[list[int]], corrupt: float, seed: int = 0, sharp: bool = False):
+        self.draft, self.scripts, self.corrupt, self.seed, self.sharp = draft, scripts, corrupt, seed, sharp
         self.config = draft.config
         self._last = None
+        self.widths: list[int] = []  # drafts proposed per call (after any confidence cut)
 
     def new_cache(self, *args):
         return self.draft.new_cache(*args)
@@ -51,9 +62,18 @@ class ScriptedDraft:
         self._last = (slots.tolist(), block_positions[:, 0].tolist())
         return self.draft(noise_embedding, block_positions, cache, slots, context)
 
-    def logits(self, hidden, lm_head):
+    def logits(self, hidden, lm_head, first_slot: int = 0):
         real = self.draft.logits(hidden, lm_head)
-        return scripted_logits(real.shape, real, self.scripts, *self._last, self.corrupt, self.seed)
+        slots, starts = self._last
+        return scripted_logits(real.shape, real, self.scripts, slots, [s + first_slot for s in starts],
+                               self.corrupt, self.seed, self.sharp)
+
+    def propose(self, hidden, lm_head, min_confidence: float = 0.0):
+        """`DFlashDraft.propose` over the scripted logits (same chunks and confidence cut)."""
+        drafts = confident_drafts(lambda lo, hi: self.logits(hidden[:, lo:hi], lm_head, lo), hidden.shape[1],
+                                  min_confidence)
+        self.widths.append(drafts.shape[1])
+        return drafts
 
 
 def script_oracle(oracle, script: list[int], corrupt: float, seed: int = 0):

@@ -40,6 +40,8 @@ def _config(tmp_path, tiny_pair, **overrides):
     ({"golden": {"max_new_tokens": 0}}, "field 'golden.max_new_tokens': must be >= 1"),
     ({"name": "bad name!"}, "field 'name'"),
     ({"runtime": {"block_size_schedule": {4: 0}}}, "field 'runtime.block_size_schedule'"),
+    ({"runtime": {"draft_confidence": 1.5}}, "field 'runtime.draft_confidence': expected a probability"),
+    ({"runtime": {"draft_confidence": "high"}}, "field 'runtime.draft_confidence': expected float"),
 ])
 def test_config_errors_name_file_and_field(tmp_path, tiny_pair, edit, fragment):
     path = _config(tmp_path, tiny_pair, **edit)

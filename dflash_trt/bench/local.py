@@ -79,15 +79,16 @@ def _timed(fn):
 @torch.inference_mode()
 def bench_block_size(pair, prompts: list[list[int]], block_size: int, max_new_tokens: int,
                      params: SamplingParams, stop_ids: frozenset[int], progress=None,
-                     adaptive_cost: float | None = None) -> BlockResult:
-    """Decode every prompt both ways; with `adaptive_cost` DFlash picks verify widths from acceptance."""
+                     adaptive_cost: float | None = None, min_confidence: float = 0.0) -> BlockResult:
+    """Decode every prompt both ways; with `adaptive_cost` DFlash picks verify widths from acceptance,
+    with `min_confidence` it verifies only the drafts the drafter trusts (`confident_drafts`)."""
     width = AdaptiveWidth(block_size, adaptive_cost) if adaptive_cost is not None else None
     spec_s = ar_s = 0.0
     tokens, identical, lengths, accepted = 0, True, [], []
     for prompt in prompts:
         request = Request(tuple(prompt), params, StopCriteria(max_new_tokens, stop_ids))
         (spec,), t_spec = _timed(lambda: speculative_generate(pair.target, pair.draft, [request], block_size,
-                                                              width=width))
+                                                              width=width, min_confidence=min_confidence))
         (ar,), t_ar = _timed(lambda: autoregressive_generate(pair.target, [request]))
         spec_s, ar_s = spec_s + t_spec, ar_s + t_ar
         identical &= spec.tokens == ar.tokens

@@ -62,7 +62,7 @@ def load_reference(target_dir: Path, draft_dir: Path):
 
 @torch.inference_mode()
 def compare_with_reference(pair, prompts: list[list[int]], block_size: int, max_new_tokens: int,
-                           width=None, progress=None) -> ReferenceComparison:
+                           width=None, progress=None, min_confidence: float = 0.0) -> ReferenceComparison:
     """Alternate ours and `dflash_generate` per prompt (the first prompt once more, untimed, to warm up)."""
     zlab, ref_target, ref_draft = load_reference(pair.target_dir, pair.draft_dir)
     ours_s = ref_s = 0.0
@@ -70,7 +70,8 @@ def compare_with_reference(pair, prompts: list[list[int]], block_size: int, max_
     for i, prompt in enumerate([prompts[0]] + prompts):
         request = Request(tuple(prompt), stop=StopCriteria(max_new_tokens))
         t0 = time.perf_counter()
-        ours = speculative_generate(pair.target, pair.draft, [request], block_size, width=width)[0].tokens
+        ours = speculative_generate(pair.target, pair.draft, [request], block_size, width=width,
+                                    min_confidence=min_confidence)[0].tokens
         t1 = time.perf_counter()
         ref = zlab.dflash_generate(ref_draft, ref_target, torch.tensor([prompt]), max_new_tokens, None, 0.0,
                                    block_size=block_size)[0, len(prompt):].tolist()

@@ -34,7 +34,7 @@ def _write(out_dir: str, payload: dict) -> Path:
 
 
 def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tokens, sampling, device, out_dir,
-              adaptive_cost=None, reference=False):
+              adaptive_cost=None, reference=False, min_confidence=0.0):
     from rich.progress import Progress
 
     pair = load_pair(resolve_model_path(target, Path.cwd()), resolve_model_path(draft, Path.cwd()), "fp32", device)
@@ -48,15 +48,15 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
             task = progress.add_task(f"block size {block_size}", total=len(prompts))
             params = SamplingParams(sampling["temperature"], seed=sampling["seed"])
             results.append(bench_block_size(pair, prompts, block_size, max_new_tokens, params, stop_ids,
-                                            lambda: progress.advance(task), adaptive_cost))
+                                            lambda: progress.advance(task), adaptive_cost, min_confidence))
     report.print_local(results)
     extra = {}
     if reference:
-        comparisons = _compare_reference(pair, prompts, block_sizes, max_new_tokens, adaptive_cost)
+        comparisons = _compare_reference(pair, prompts, block_sizes, max_new_tokens, adaptive_cost, min_confidence)
         report.print_reference(comparisons)
         extra["reference"] = [c.to_dict() for c in comparisons]
     out = _write(out_dir, _header("local", target=str(target), draft=str(draft), max_new_tokens=max_new_tokens,
-                                  sampling=sampling, adaptive_width_cost=adaptive_cost,
+                                  sampling=sampling, adaptive_width_cost=adaptive_cost, draft_confidence=min_confidence,
                                   results=[r.to_dict() for r in results], **extra))
     plots.acceptance_histogram({f"block {r.block_size}": r.acceptance_lengths for r in results},
                                max(block_sizes), out / "acceptance_histogram.png")
@@ -64,7 +64,7 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
     return results
 
 
-def _compare_reference(pair, prompts, block_sizes, max_new_tokens, adaptive_cost):
+def _compare_reference(pair, prompts, block_sizes, max_new_tokens, adaptive_cost, min_confidence=0.0):
     from rich.progress import Progress
 
     from dflash_trt.bench.reference import compare_with_reference
@@ -76,7 +76,7 @@ def _compare_reference(pair, prompts, block_sizes, max_new_tokens, adaptive_cost
             task = progress.add_task(f"vs dflash_generate, block size {block_size}", total=len(prompts))
             width = AdaptiveWidth(block_size, adaptive_cost) if adaptive_cost is not None else None
             comparisons.append(compare_with_reference(pair, prompts, block_size, max_new_tokens, width,
-                                                      lambda: progress.advance(task)))
+                                                      lambda: progress.advance(task), min_confidence))
     return comparisons
 
 

@@ -43,6 +43,9 @@ class RuntimeConfig:
     # Adaptive verify width (spec/width.py): a step's fixed cost in units of one verified token.
     # ~28 on a 2-core CPU, hundreds on GPUs (= always the full block). null: fixed widths.
     adaptive_width_cost: float | None = None
+    # Confidence cut (model/draft.py `confident_drafts`): verify only the drafts whose running product
+    # of draft probabilities is >= this. Saves verify rows where they cost (CPUs); 0: full blocks.
+    draft_confidence: float = 0.0
 
 
 @dataclass
@@ -117,6 +120,9 @@ def _check(cfg: BuildConfig, where: str) -> None:
     cost = cfg.runtime.adaptive_width_cost
     if cost is not None and not (isinstance(cost, (int, float)) and cost >= 0):
         bad("runtime.adaptive_width_cost", f"expected a number >= 0 (or null), got {cost!r}")
+    conf = cfg.runtime.draft_confidence
+    if not (isinstance(conf, (int, float)) and not isinstance(conf, bool) and 0 <= conf < 1):
+        bad("runtime.draft_confidence", f"expected a probability in [0, 1) (0 = full blocks), got {conf!r}")
     if cfg.runtime.max_seq_len < 16:
         bad("runtime.max_seq_len", f"must be >= 16, got {cfg.runtime.max_seq_len}")
     if cfg.golden.max_new_tokens < 1:

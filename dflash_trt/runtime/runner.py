@@ -8,7 +8,8 @@ Slots index static per-slot caches, so rewinding a slot is only a length change.
   (only tokens[:, :accepted + 1] are specified; a runner may leave later entries uncomputed)
 - TargetRunner.commit(slots, lengths [B])
 - DraftRunner.append_context(slots, taps, positions, valid)
-- DraftRunner.propose(slots, bonus [B], start [B], block_size=None) -> drafts [B, K]  (K = block_size - 1 <= max)
+- DraftRunner.propose(slots, bonus [B], start [B], block_size=None) -> drafts [B, K]  (K <= block_size - 1 <= max;
+  a runner may return fewer drafts than asked, e.g. only those its drafter is confident about)
 - DraftRunner.commit(slots, lengths [B])
 
 A backend (torch here; trtllm engines elsewhere) implements only these calls.
@@ -81,8 +82,10 @@ class TorchTargetRunner:
 
 
 class TorchDraftRunner:
-    def __init__(self, draft: DFlashDraft, target: Target, n_slots: int, capacity: int, block_size: int):
+    def __init__(self, draft: DFlashDraft, target: Target, n_slots: int, capacity: int, block_size: int,
+                 min_confidence: float = 0.0):
         self.draft, self.target, self.block_size = draft, target, block_size
+        self.min_confidence = min_confidence  # > 0: propose only confident drafts (DFlashDraft.propose)
         self.cache = draft.new_cache(n_slots, capacity)
         self.device = target.lm_head.weight.device
         self.mask_token_id = draft.config.mask_token_id
@@ -98,14 +101,15 @@ class TorchDraftRunner:
     @torch.inference_mode()
     def propose(self, slots: torch.Tensor, bonus: torch.Tensor, start: torch.Tensor,
                 block_size: int | None = None) -> torch.Tensor:
-        """Drafts [B, block_size - 1] for blocks [bonus, MASK x K] opened at `start` (K may vary per step)."""
+        """Drafts [B, K' <= block_size - 1] for blocks [bonus, MASK x K] opened at `start` (K may vary
+        per step; K' < K when the drafter is not confident past K', see `min_confidence`)."""
         width = min(block_size or self.block_size, self.block_size)
         context, self.pending = self.draft.take_context(self.pending, self.cache, slots), None
         block = torch.full((slots.numel(), width), self.mask_token_id, dtype=torch.int64, device=self.device)
         block[:, 0] = bonus
         positions = start[:, None] + torch.arange(width, device=self.device)[None, :]
         hidden = self.draft(self.target.embed(block), positions, self.cache, slots, context)
-        return self.draft.logits(hidden[:, 1:], self.target.lm_head).argmax(dim=-1)
+        return self.draft.propose(hidden[:, 1:], self.target.lm_head, self.min_confidence)
 
     def commit(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
         self.cache.crop(slots, lengths)  # lengths only: a pending context stays pending

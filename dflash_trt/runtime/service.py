@@ -25,6 +25,7 @@ class ServiceLimits:
     block_size: int | None = None  # default: the drafter's; 1 = autoregressive (no drafter)
     block_size_schedule: dict[int, int] | None = None  # {batch size: smaller block size} for busy steps
     adaptive_width_cost: float | None = None  # step cost in verified tokens: pick widths from acceptance
+    draft_confidence: float = 0.0  # > 0: verify only the drafts the drafter trusts this much (confident_drafts)
 
 
 def torch_runners(pair: LoadedPair, limits: ServiceLimits):
@@ -35,8 +36,8 @@ def torch_runners(pair: LoadedPair, limits: ServiceLimits):
     capacity = limits.max_seq_len + block_size + 1
     taps = pair.draft.config.target_layer_ids if block_size > 1 else ()
     target = TorchTargetRunner(pair.target, limits.max_batch_size, capacity, taps)
-    draft = TorchDraftRunner(pair.draft, pair.target, limits.max_batch_size, capacity, block_size) \
-        if block_size > 1 else None
+    draft = TorchDraftRunner(pair.draft, pair.target, limits.max_batch_size, capacity, block_size,
+                             limits.draft_confidence) if block_size > 1 else None
     return target, draft
 
 

@@ -37,10 +37,12 @@ def speculative_generate(
     on_commit: OnCommit | None = None,
     timings: DecodeTimings | None = None,
     width: AdaptiveWidth | None = None,
+    min_confidence: float = 0.0,
 ) -> list[GenerationResult]:
     """DFlash-decode a batch of requests; one result per request (tokens == AR decoding).
 
-    `width` (optional) picks each step's verify width from measured acceptance (spec/width.py).
+    `width` (optional) picks each step's verify width from measured acceptance (spec/width.py);
+    `min_confidence` > 0 verifies only the drafts the drafter trusts (`DFlashDraft.propose`).
     """
     block_size = block_size or draft.config.block_size
     if block_size < 2:
@@ -79,8 +81,11 @@ def speculative_generate(
         block = torch.full((active.numel(), step_width), mask_token_id, dtype=torch.int64, device=device)
         block[:, 0] = bonus[active]
         hidden = draft(target.embed(block), block_positions, draft_cache, active, context)
-        drafts = draft.logits(hidden[:, 1:], target.lm_head).argmax(dim=-1)  # [n, K]
+        drafts = draft.propose(hidden[:, 1:], target.lm_head, min_confidence)  # [n, K' <= K]
+        block = block[:, : drafts.shape[1] + 1]
         block[:, 1:] = drafts
+        block_positions = block_positions[:, : block.shape[1]]
+        offsets = offsets[:, : block.shape[1]]
 
         # 3) verify: the target runs the whole block once and picks its own token everywhere
         if device.type == "cpu":  # lm_head only as far as some row's drafts still match
@@ -93,7 +98,7 @@ def speculative_generate(
         # 4) accept the longest matching prefix plus the target's token after it (the new bonus)
         committed = accepted + 1  # [n]
         if width is not None:
-            width.update(accepted.tolist(), step_width - 1)
+            width.update(accepted.tolist(), drafts.shape[1])
         for j, (index, a) in enumerate(zip(active.tolist(), accepted.tolist())):
             row = rows[index]
             kept = row.commit(chosen[j, : a + 1].tolist(), on_commit)

@@ -167,7 +167,8 @@ class Orchestrator:
         schedule = {int(k): int(v) for k, v in runtime.get("block_size_schedule", {}).items()}
         self.limits = ServiceLimits(int(params.get("max_batch_size", runtime["max_batch_size"])),
                                     int(params.get("max_seq_len", runtime["max_seq_len"])), block_size,
-                                    schedule if block_size > 1 else None, runtime.get("adaptive_width_cost"))
+                                    schedule if block_size > 1 else None, runtime.get("adaptive_width_cost"),
+                                    draft_confidence=float(runtime.get("draft_confidence", 0.0)))
         self.metrics = Metrics(pb, self.limits.block_size, config["name"])
         self.emitter = Emitter()
         on_step = lambda step: self.emitter.post(lambda: self.metrics.on_step(step))  # noqa: E731
