@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from dflash_trt import __version__
-from dflash_trt.cli_types import INT_LIST
+from dflash_trt.cli_types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, INT_LIST
 
 
 @click.group(context_settings={"auto_envvar_prefix": "DFLASH_TRT", "help_option_names": ["-h", "--help"]})
@@ -56,12 +56,13 @@ def _model_dir(value: str) -> str:
 @click.option("--prompt-ids", type=INT_LIST, help="Prompt as token ids instead of text.")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the tokenizer's chat template.")
 @click.option("--block-size", type=click.IntRange(min=2), help="Tokens per draft block (default: the drafter's).")
+@click.option("--draft-vocab", type=DRAFT_VOCAB, default="auto", show_default=True, help=DRAFT_VOCAB_HELP)
 @_sampling_options
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
 @click.option("--dtype", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True)
 @click.option("--compare-ar", is_flag=True, help="Also decode autoregressively; check tokens match, print speed-up.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: ids, text, statistics.")
-def generate_command(target_dir, draft_dir, url, protocol, prompt, prompt_ids, chat, block_size, temperature, top_k,
+def generate_command(target_dir, draft_dir, url, protocol, prompt, prompt_ids, chat, block_size, draft_vocab, temperature, top_k,
                      top_p, seed, max_new_tokens, stop_strings, device, dtype, compare_ar, as_json):
     """Decode one prompt with a target + DFlash drafter pair and print text and statistics."""
     from dflash_trt import report
@@ -72,9 +73,9 @@ def generate_command(target_dir, draft_dir, url, protocol, prompt, prompt_ids, c
     if url:
         report.remote_generate(url, protocol, prompt, prompt_ids, chat, sampling, max_new_tokens, stop_strings, as_json)
         return
-    from dflash_trt.runtime.local import generate, load_pair
+    from dflash_trt.runtime.local import apply_draft_vocab, generate, load_pair
 
-    pair = load_pair(_model_dir(target_dir), _model_dir(draft_dir), dtype, device)
+    pair = apply_draft_vocab(load_pair(_model_dir(target_dir), _model_dir(draft_dir), dtype, device), draft_vocab)
     request = report.build_request(pair, prompt, prompt_ids, chat, temperature, top_k, top_p, seed,
                                    max_new_tokens, stop_strings)
     stream = None if as_json or pair.tokenizer is None else report.TextStreamer(pair)
@@ -167,6 +168,7 @@ def regress_command(configs, baselines, update):
 # Maps module -> attribute, e.g. {"dflash_trt.convert_cli": "convert_command"}.
 _COMMAND_MODULES: dict[str, str] = {
     "dflash_trt.train_cli": "train_draft_command",
+    "dflash_trt.train_cli:vocab": "draft_vocab_command",
     "dflash_trt.bench_cli": "bench_command",
     "dflash_trt.convert_cli": "convert_command",
     "dflash_trt.export_cli": "export_group",
@@ -177,8 +179,8 @@ _COMMAND_MODULES: dict[str, str] = {
 def _register_command_modules() -> None:
     import importlib
 
-    for module_name, attribute in _COMMAND_MODULES.items():
-        cli.add_command(getattr(importlib.import_module(module_name), attribute))
+    for key, attribute in _COMMAND_MODULES.items():
+        cli.add_command(getattr(importlib.import_module(key.split(":")[0]), attribute))
 
 
 _register_command_modules()

@@ -23,3 +23,25 @@ class IntListType(click.ParamType):
 
 
 INT_LIST = IntListType()
+
+
+class DraftVocabType(click.ParamType):
+    """`auto` (the drafter's recommended draft vocabulary, if it has one), `full`, or a token count."""
+
+    name = "auto|full|N"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value in ("auto", "full"):
+            return value
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            self.fail(f"expected 'auto', 'full' or a positive token count, got {value!r}", param, ctx)
+        if n < 1:
+            self.fail(f"expected a positive token count, got {n}", param, ctx)
+        return n
+
+
+DRAFT_VOCAB = DraftVocabType()
+DRAFT_VOCAB_HELP = ("Tokens the drafter scores when proposing: 'auto' = its dflash_trt_draft_vocab.json's "
+                    "recommended size (full vocabulary without one), 'full', or N most frequent (lossless).")

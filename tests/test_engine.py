@@ -42,6 +42,7 @@ def _config(tmp_path, tiny_pair, **overrides):
     ({"runtime": {"block_size_schedule": {4: 0}}}, "field 'runtime.block_size_schedule'"),
     ({"runtime": {"draft_confidence": 1.5}}, "field 'runtime.draft_confidence': expected a probability"),
     ({"runtime": {"draft_confidence": "high"}}, "field 'runtime.draft_confidence': expected float"),
+    ({"runtime": {"draft_vocab_size": 0}}, "field 'runtime.draft_vocab_size': expected a positive int"),
 ])
 def test_config_errors_name_file_and_field(tmp_path, tiny_pair, edit, fragment):
     path = _config(tmp_path, tiny_pair, **edit)
@@ -72,6 +73,26 @@ def test_build_records_manifest_and_reuses_unchanged(tmp_path, tiny_pair):
     changed = replace(cfg, block_size=3)
     assert build_bundle(changed, log=lambda m: None)[2] is False
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bundle.")]
+
+
+def test_draft_vocabulary_goes_into_the_bundle_and_is_served(tmp_path, tiny_pair):
+    import shutil
+    from collections import Counter
+
+    from dflash_trt.model import draft_vocab
+
+    cfg = load_build_config(_config(tmp_path, tiny_pair, runtime={"device": "cpu", "max_batch_size": 2,
+                                                                  "max_seq_len": 64, "draft_vocab_size": 30}))
+    with pytest.raises(ConfigError, match="field 'runtime.draft_vocab_size'.*dflash-trt draft-vocab"):
+        build_bundle(cfg, log=lambda m: None)
+    draft = tmp_path / "draft"
+    shutil.copytree(tiny_pair[1], draft)
+    draft_vocab.write_vocab_file(draft, draft_vocab.vocab_record(Counter({t: 300 - t for t in range(100)}), 256, "t"))
+    cfg = replace(cfg, draft=str(draft))
+    path, manifest, _ = build_bundle(cfg, log=lambda m: None)
+    assert "draft/dflash_trt_draft_vocab.json" in manifest["files"] and manifest["golden"]["matches_autoregressive"]
+    _, pair = load_bundle(path)
+    assert pair.draft.vocab_size == 30
 
 
 def test_corrupted_bundle_is_refused_at_load_and_publish(tmp_path, tiny_pair):

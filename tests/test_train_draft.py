@@ -42,6 +42,10 @@ def test_training_lowers_loss_and_output_loads_in_both_loaders(tiny_pair, tmp_pa
     oracle = oracle_draft(json.loads((tmp_path / "draft" / "config.json").read_text()))
     missing, unexpected = oracle.load_state_dict(load_file(str(tmp_path / "draft" / "model.safetensors")), strict=False)
     assert not unexpected and not [m for m in missing if "rotary" not in m]
+    from dflash_trt.model.draft_vocab import read_vocab_file
+
+    vocab = read_vocab_file(tmp_path / "draft")  # the tokens it was trained to propose: regenerated ones
+    assert vocab["vocab_size"] == 256 and sum(vocab["counts"]) == 48 * 40
 
 
 def test_resume_continues_from_saved_step(tiny_pair, tmp_path):

@@ -12,8 +12,9 @@ def say(message: str) -> None:
     _console.print(message)
 
 
-def print_local(results) -> None:
-    table = Table(title="DFlash vs autoregressive (local torch runtime, batch 1, same prompts, one run)")
+def print_local(results, caption: str | None = None) -> None:
+    table = Table(title="DFlash vs autoregressive (local torch runtime, batch 1, same prompts, one run)",
+                  caption=caption)
     for column in ("block", "prompts", "tokens", "τ", "DFlash tok/s", "AR tok/s", "speed-up", "identical",
                    "acceptance by draft position"):
         table.add_column(column, justify="right")

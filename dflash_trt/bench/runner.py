@@ -13,7 +13,7 @@ from dflash_trt.bench import plots, report
 from dflash_trt.bench.local import bench_block_size, load_prompts, warm_up
 from dflash_trt.bench.served import scaling, sweep
 from dflash_trt.engine.config import resolve_model_path
-from dflash_trt.runtime.local import load_pair
+from dflash_trt.runtime.local import apply_draft_vocab, load_pair
 from dflash_trt.spec.sampling import SamplingParams
 from dflash_trt.tokenizer import stop_token_ids
 
@@ -34,10 +34,11 @@ def _write(out_dir: str, payload: dict) -> Path:
 
 
 def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tokens, sampling, device, out_dir,
-              adaptive_cost=None, reference=False, min_confidence=0.0):
+              adaptive_cost=None, reference=False, min_confidence=0.0, draft_vocab=None):
     from rich.progress import Progress
 
     pair = load_pair(resolve_model_path(target, Path.cwd()), resolve_model_path(draft, Path.cwd()), "fp32", device)
+    apply_draft_vocab(pair, draft_vocab)
     prompts = load_prompts(prompts_path, pair.tokenizer, num_prompts)
     stop_ids = stop_token_ids(pair.tokenizer, pair.target.config.eos_token_ids)
     with torch.inference_mode():
@@ -49,7 +50,10 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
             params = SamplingParams(sampling["temperature"], seed=sampling["seed"])
             results.append(bench_block_size(pair, prompts, block_size, max_new_tokens, params, stop_ids,
                                             lambda: progress.advance(task), adaptive_cost, min_confidence))
-    report.print_local(results)
+    vocab = pair.draft.vocab_size
+    report.print_local(results, f"drafter proposes from {vocab or pair.target.config.vocab_size} tokens"
+                                f"{' (draft vocabulary)' if vocab else ''}; draft confidence cut "
+                                f"{min_confidence or 'off (full blocks)'}")
     extra = {}
     if reference:
         comparisons = _compare_reference(pair, prompts, block_sizes, max_new_tokens, adaptive_cost, min_confidence)
@@ -57,6 +61,7 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
         extra["reference"] = [c.to_dict() for c in comparisons]
     out = _write(out_dir, _header("local", target=str(target), draft=str(draft), max_new_tokens=max_new_tokens,
                                   sampling=sampling, adaptive_width_cost=adaptive_cost, draft_confidence=min_confidence,
+                                  draft_vocab_size=pair.draft.vocab_size,
                                   results=[r.to_dict() for r in results], **extra))
     plots.acceptance_histogram({f"block {r.block_size}": r.acceptance_lengths for r in results},
                                max(block_sizes), out / "acceptance_histogram.png")

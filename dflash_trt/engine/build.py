@@ -15,7 +15,8 @@ from dflash_trt.engine import bundle as bundles
 from dflash_trt.engine.config import BuildConfig
 from dflash_trt.engine.golden import compute_golden, prompt_ids
 from dflash_trt.errors import ConfigError
-from dflash_trt.runtime.local import LoadedPair, load_pair
+from dflash_trt.model import draft_vocab
+from dflash_trt.runtime.local import LoadedPair, apply_draft_vocab, load_pair
 
 
 HF_FORMAT, TRTLLM_FORMAT = "hf", "trtllm-checkpoint"
@@ -51,12 +52,14 @@ def _stage_weights(cfg: BuildConfig, tmp: Path, log) -> str:
     return TRTLLM_FORMAT
 
 
-def _load_staged(folder: Path, fmt: str, dtype: str, device: str) -> LoadedPair:
+def _load_staged(folder: Path, fmt: str, dtype: str, device: str, draft_vocab_size=None) -> LoadedPair:
     if fmt == TRTLLM_FORMAT:
         from dflash_trt.runtime.tp import load_trtllm_pair
 
-        return load_trtllm_pair(folder / "target", folder / "draft", dtype=dtype, device=device, simulate=True)
-    return load_pair(folder / "target", folder / "draft", dtype, device)
+        pair = load_trtllm_pair(folder / "target", folder / "draft", dtype=dtype, device=device, simulate=True)
+    else:
+        pair = load_pair(folder / "target", folder / "draft", dtype, device)
+    return apply_draft_vocab(pair, draft_vocab_size)
 
 
 def build_bundle(cfg: BuildConfig, log=print) -> tuple[Path, dict, bool]:
@@ -64,6 +67,8 @@ def build_bundle(cfg: BuildConfig, log=print) -> tuple[Path, dict, bool]:
     t0 = time.perf_counter()
     target_ckpt, draft_ckpt = read_target(cfg.target_path()), read_draft(cfg.draft_path())
     check_pair(target_ckpt, draft_ckpt)
+    draft_vocab.select(draft_vocab.read_vocab_file(cfg.draft_path()), cfg.runtime.draft_vocab_size,
+                       f"{cfg.source}: field 'runtime.draft_vocab_size'")
     fingerprint = bundles.input_fingerprint(cfg)
     existing = bundles.reusable(cfg, fingerprint)
     if existing is not None:
@@ -81,7 +86,7 @@ def build_bundle(cfg: BuildConfig, log=print) -> tuple[Path, dict, bool]:
                                    built["golden"], time.perf_counter() - t0, built.get("versions"))
             return
         fmt = _stage_weights(cfg, tmp, log)
-        pair = _load_staged(tmp, fmt, "fp32" if cfg.dtype == "auto" else cfg.dtype, "cpu")
+        pair = _load_staged(tmp, fmt, "fp32" if cfg.dtype == "auto" else cfg.dtype, "cpu", cfg.runtime.draft_vocab_size)
         block_size = cfg.block_size or pair.draft.config.block_size
         log(f"golden outputs ({len(cfg.golden.prompts)} prompt entries, {cfg.golden.max_new_tokens} tokens)")
         prompts = prompt_ids(cfg.golden.prompts, pair.tokenizer, cfg.source)
@@ -120,5 +125,5 @@ def load_bundle(path: str | Path, dtype: str | None = None, device: str | None =
                           "(dflash_trt.trtllm.runner.load_trtllm_runners), not loaded as a torch pair")
     config = manifest["config"]
     pair = _load_staged(path, manifest.get("format", HF_FORMAT), dtype or config["dtype"],
-                        device or config["runtime"]["device"])
+                        device or config["runtime"]["device"], config["runtime"].get("draft_vocab_size"))
     return manifest, pair

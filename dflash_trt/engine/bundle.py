@@ -27,7 +27,7 @@ from dflash_trt.errors import CheckpointError
 
 FORMAT_VERSION = 1
 MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-               "chat_template.jinja", "model.safetensors.index.json")
+               "chat_template.jinja", "model.safetensors.index.json", "dflash_trt_draft_vocab.json")
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

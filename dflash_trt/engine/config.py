@@ -46,6 +46,9 @@ class RuntimeConfig:
     # Confidence cut (model/draft.py `confident_drafts`): verify only the drafts whose running product
     # of draft probabilities is >= this. Saves verify rows where they cost (CPUs); 0: full blocks.
     draft_confidence: float = 0.0
+    # Draft vocabulary (model/draft_vocab.py): the drafter scores only the N most frequent tokens of
+    # its `dflash_trt_draft_vocab.json` when proposing (lossless). null: the full vocabulary.
+    draft_vocab_size: int | None = None
 
 
 @dataclass
@@ -123,6 +126,9 @@ def _check(cfg: BuildConfig, where: str) -> None:
     conf = cfg.runtime.draft_confidence
     if not (isinstance(conf, (int, float)) and not isinstance(conf, bool) and 0 <= conf < 1):
         bad("runtime.draft_confidence", f"expected a probability in [0, 1) (0 = full blocks), got {conf!r}")
+    vocab = cfg.runtime.draft_vocab_size
+    if vocab is not None and vocab < 1:
+        bad("runtime.draft_vocab_size", f"expected a positive int (or null = full vocabulary), got {vocab!r}")
     if cfg.runtime.max_seq_len < 16:
         bad("runtime.max_seq_len", f"must be >= 16, got {cfg.runtime.max_seq_len}")
     if cfg.golden.max_new_tokens < 1:

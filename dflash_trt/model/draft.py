@@ -88,6 +88,7 @@ class DFlashDraft(nn.Module):
         self.fc = nn.Linear(len(config.target_layer_ids) * d.hidden_size, d.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
         self.rotary = Rotary(d.rope, d.head_dim)
+        self._vocab: tuple[torch.Tensor, _Head] | None = None  # draft vocabulary (use_vocab)
 
     def fuse(self) -> "DFlashDraft":
         """Fuse q/k/v and gate/up matmuls for inference (parameters keep their HF names)."""
@@ -181,9 +182,39 @@ class DFlashDraft(nn.Module):
         cap = self.config.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 
+    def use_vocab(self, token_ids: list[int] | None, lm_head: nn.Module) -> "DFlashDraft":
+        """Propose only from `token_ids` (a draft vocabulary, model/draft_vocab.py), scoring them with
+        their rows of `lm_head`; None: the full vocabulary. Proposals only: lossless either way."""
+        if token_ids is None:
+            self._vocab = None
+            return self
+        weight = lm_head.weight.detach()
+        ids = torch.tensor(token_ids, dtype=torch.int64, device=weight.device)
+        self._vocab = (ids, _Head(weight[ids].contiguous()))
+        return self
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Tokens the head scores when proposing (None: the target's full vocabulary)."""
+        return None if self._vocab is None else int(self._vocab[0].numel())
+
     def propose(self, hidden: torch.Tensor, lm_head: nn.Module, min_confidence: float = 0.0) -> torch.Tensor:
-        """Greedy drafts [B, K' <= K] for block slots 1..K (`hidden` [B, K, H]); see `confident_drafts`."""
-        return confident_drafts(lambda lo, hi: self.logits(hidden[:, lo:hi], lm_head), hidden.shape[1], min_confidence)
+        """Greedy drafts [B, K' <= K] for block slots 1..K (`hidden` [B, K, H]); see `confident_drafts`.
+        With a draft vocabulary (`use_vocab`) only its tokens are scored."""
+        vocab = self._vocab
+        head = lm_head if vocab is None else vocab[1]
+        drafts = confident_drafts(lambda lo, hi: self.logits(hidden[:, lo:hi], head), hidden.shape[1], min_confidence)
+        return drafts if vocab is None else vocab[0][drafts]
+
+
+class _Head:
+    """A draft-vocabulary head: the target lm_head's rows of the draft vocabulary (not a parameter)."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight)
 
 
 def confident_drafts(logits_of, k: int, min_confidence: float = 0.0, first: int = 6) -> torch.Tensor:

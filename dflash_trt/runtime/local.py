@@ -75,6 +75,23 @@ def load_pair(target_dir, draft_dir=None, dtype: str = "auto", device: str = "au
     return LoadedPair(target, draft, tokenizer, Path(target_dir), Path(draft_dir) if draft_dir else None)
 
 
+def apply_draft_vocab(pair: LoadedPair, size: int | str | None) -> LoadedPair:
+    """Let the drafter propose from its draft vocabulary (model/draft_vocab.py): `size` None / 0 /
+    "full" = every token, "auto" = the drafter's recommended size when it has a vocabulary file, N = the
+    N most frequent. Lossless at any size (proposals only)."""
+    from dflash_trt.model import draft_vocab
+
+    if pair.draft is None:
+        return pair
+    record = draft_vocab.read_vocab_file(pair.draft_dir)
+    if record is not None and record["vocab_size"] != pair.target.config.vocab_size:
+        raise ConfigError(f"{pair.draft_dir / draft_vocab.VOCAB_FILE}: field 'vocab_size': {record['vocab_size']} "
+                          f"is not the target's vocabulary size {pair.target.config.vocab_size}")
+    ids = draft_vocab.select(record, size, str(pair.draft_dir))
+    pair.draft.use_vocab(ids, pair.target.lm_head)
+    return pair
+
+
 def generate(
     pair: LoadedPair,
     requests: list[Request],

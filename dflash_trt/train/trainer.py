@@ -18,6 +18,7 @@ import torch
 from dflash_trt.checkpoint.configs import DraftConfig, default_target_layer_ids
 from dflash_trt.checkpoint.draft_writer import draft_config_for_target, write_draft_folder
 from dflash_trt.errors import ConfigError
+from dflash_trt.model import draft_vocab
 from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.train import data as train_data
 from dflash_trt.train import state as train_state
@@ -141,7 +142,10 @@ def train_draft(cfg: TrainDraftConfig) -> dict:
         tokens, loss_mask = train_data.pack(samples, cfg.seq_len, pad_id=0)
         task = progress.add_task("train drafter", total=cfg.steps, completed=step, info="")
         summary = _loop(cfg, pair.target, draft, optimizer, tokens, loss_mask, step, state_dir, progress, task)
+    vocab = draft_vocab.vocab_record(draft_vocab.count_tokens([tokens[loss_mask].tolist()]),
+                                     pair.target.config.vocab_size, f"the {len(samples)} training samples' trained tokens")
     write_draft_folder(cfg.out, draft_config, draft.state_dict(), extra_files={
+        draft_vocab.VOCAB_FILE: json.dumps(vocab) + "\n",
         "dflash_trt_train.json": cfg.to_json(),
         "README.md": model_card(cfg, draft_config, summary, len(samples)),
     })
