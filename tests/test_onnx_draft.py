@@ -153,6 +153,19 @@ def test_onnx_draft_decode_on_the_shipped_pair(target, draft, tmp_path):
     assert len(lockstep.steps) > 5
 
 
+def test_onnx_draft_with_a_draft_vocabulary_proposes_like_torch(tiny_pair, tmp_path):
+    """A draft vocabulary goes into the propose graph (head rows + id gather): same proposals as torch."""
+    from dflash_trt.runtime.local import load_pair
+
+    pair = load_pair(tiny_pair[0], tiny_pair[1], dtype="fp32", device="cpu")
+    ids = torch.randperm(pair.target.config.vocab_size, generator=torch.Generator().manual_seed(5))[:64].tolist()
+    pair.draft.use_vocab(ids, pair.target.lm_head)
+    _export(pair, tmp_path)
+    lockstep = _check_lockstep_decode(pair, tmp_path, _requests(pair.target.config.vocab_size, seed=2))
+    proposed = torch.cat([p.flatten() for _, p in lockstep.steps])
+    assert len(lockstep.steps) > 5 and set(proposed.tolist()) <= set(ids)
+
+
 def test_bf16_graphs_export_with_bf16_io(tiny_pair, tmp_path):
     """What a GPU build exports (bf16): valid ONNX with bf16 float I/O (onnxruntime's CPU provider has no
     bf16 kernels, so only TensorRT runs these)."""

@@ -88,8 +88,13 @@ def build_draft(cfg: BuildConfig, plan, tmp_dir: Path, log=print) -> None:
     from dflash_trt.trtllm.sessions import build_engine
 
     dtype = DTYPES[plan.dtype]
+    from dflash_trt.model import draft_vocab
+
     draft = load_draft(read_draft(cfg.draft_path()), dtype, "cpu")
-    paths = export_draft_graphs(draft, load_target_head(cfg.target_path(), dtype), plan.draft_spec, tmp_dir / "draft")
+    head = load_target_head(cfg.target_path(), dtype)
+    draft.use_vocab(draft_vocab.select(draft_vocab.read_vocab_file(cfg.draft_path()), cfg.runtime.draft_vocab_size,
+                                       f"{cfg.source}: field 'runtime.draft_vocab_size'"), head.lm_head)
+    paths = export_draft_graphs(draft, head, plan.draft_spec, tmp_dir / "draft")
     for name, onnx_path in paths.items():
         log(f"TensorRT: {onnx_path.name} -> {ENGINE_FILES[name]}")
         build_engine(onnx_path, tmp_dir / "draft" / ENGINE_FILES[name], plan.draft_spec.profile(name))

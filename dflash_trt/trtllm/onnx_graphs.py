@@ -92,6 +92,7 @@ class DraftProposeGraph(nn.Module):
         super().__init__()
         self.draft, self.embed_tokens, self.lm_head = draft, target.model.embed_tokens, target.lm_head
         self.rope = RopeTable(draft.rotary, capacity, draft.fc.weight.dtype)
+        self.vocab = draft._vocab  # (token ids, head rows) of a draft vocabulary (DFlashDraft.use_vocab), or None
 
     def forward(self, block_ids, start, context_k, context_v, context_lengths) -> torch.Tensor:
         """block_ids [B, Q]; start, context_lengths [B]; context_k/v [L, B, kvh, S, D] -> drafts [B, Q-1] int64."""
@@ -111,4 +112,7 @@ class DraftProposeGraph(nn.Module):
             x = x + attend(layer.self_attn, q, keys, values, masks[kind])
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         hidden = d.norm(x)
-        return d.logits(hidden[:, 1:], self.lm_head).argmax(dim=-1)  # [B, K]
+        if self.vocab is None:
+            return d.logits(hidden[:, 1:], self.lm_head).argmax(dim=-1)  # [B, K]
+        ids, head = self.vocab  # only the draft vocabulary's rows are scored (a gather maps back to token ids)
+        return ids[d.logits(hidden[:, 1:], head).argmax(dim=-1)]
