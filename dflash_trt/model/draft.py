@@ -21,7 +21,7 @@ from torch import nn
 
 from dflash_trt.checkpoint.configs import DraftConfig
 from dflash_trt.model.kv_cache import KVCache
-from dflash_trt.model.layers import MLP, AttentionProjections, RMSNorm, Rotary
+from dflash_trt.model.layers import MLP, AttentionProjections, RMSNorm, Rotary, call_linear, linear
 
 
 class DraftLayer(nn.Module):
@@ -104,7 +104,7 @@ class DFlashDraft(nn.Module):
 
     def context_features(self, target_hidden: torch.Tensor) -> torch.Tensor:
         """target_hidden [B, T, n*H] -> fc -> hidden_norm: the features whose K/V form the context."""
-        return self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))
+        return self.hidden_norm(call_linear(self.fc, target_hidden.to(self.fc.weight.dtype)))
 
     def append_context(
         self,
@@ -176,7 +176,7 @@ class DFlashDraft(nn.Module):
         """Draft logits through the TARGET lm_head, with z-lab's multiplier and softcap."""
         # a sliced [B, K, H] view would make F.linear fall back to a batched matmul (~5x slower on CPU)
         flat = hidden.to(lm_head.weight.dtype).reshape(-1, hidden.shape[-1])
-        logits = lm_head(flat).view(*hidden.shape[:-1], -1)
+        logits = call_linear(lm_head, flat).view(*hidden.shape[:-1], -1)
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
@@ -214,7 +214,7 @@ class _Head:
         self.weight = weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.weight)
+        return linear(x, self.weight)
 
 
 def confident_drafts(logits_of, k: int, min_confidence: float = 0.0, first: int = 6) -> torch.Tensor:

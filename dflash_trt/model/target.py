@@ -17,7 +17,7 @@ from torch import nn
 
 from dflash_trt.checkpoint.configs import TargetConfig
 from dflash_trt.model.kv_cache import KVCache
-from dflash_trt.model.layers import MLP, AttentionProjections, RMSNorm, Rotary
+from dflash_trt.model.layers import MLP, AttentionProjections, RMSNorm, Rotary, call_linear
 
 
 class DecoderLayer(nn.Module):
@@ -99,4 +99,4 @@ class Target(nn.Module):
         target_hidden = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None
         if logit_rows is not None:
             x = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
-        return (self.lm_head(x) if head else x), target_hidden
+        return (call_linear(self.lm_head, x) if head else x), target_hidden

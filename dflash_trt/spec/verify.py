@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from dflash_trt.model.layers import call_linear
 from dflash_trt.spec.sampling import canonical_logits, sample_tokens
 
 
@@ -71,7 +72,7 @@ def verify_lazily(
     lo, size = 0, first
     while lo < width:
         hi = min(width, lo + size)
-        logits = lm_head(hidden[:, lo:hi].reshape(-1, h)).view(b, hi - lo, -1)
+        logits = call_linear(lm_head, hidden[:, lo:hi].reshape(-1, h)).view(b, hi - lo, -1)
         # the rule on rows lo..hi-1 (positions start+lo+1 ..); the drafts argument only sizes the call
         chunk, _ = verify(logits, drafts.new_zeros(b, hi - lo - 1), start + lo, *sampling)
         tokens[:, lo:hi] = chunk
