@@ -78,13 +78,14 @@ def token_stream(work: Path, files: list[Path]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.int64)
 
 
-def train_target(work: Path, stream: torch.Tensor, steps: int, seed: int, batch: int = 16, seq: int = 256) -> dict:
+def train_target(work: Path, stream: torch.Tensor, steps: int, seed: int, batch: int = 16, seq: int = 256,
+                 layers: int = 6) -> dict:
     from rich.progress import Progress
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     config = Qwen3Config(vocab_size=4096, max_position_embeddings=1024, tie_word_embeddings=True, rope_theta=10000.0,
-                         eos_token_id=0, bos_token_id=None, pad_token_id=0, **TARGET_SHAPE)
+                         eos_token_id=0, bos_token_id=None, pad_token_id=0, **(TARGET_SHAPE | {"num_hidden_layers": layers}))
     config.architectures = ["Qwen3ForCausalLM"]
     model = Qwen3ForCausalLM(config)
     decay = [p for n, p in model.named_parameters() if p.dim() > 1]
@@ -117,7 +118,7 @@ def train_target(work: Path, stream: torch.Tensor, steps: int, seed: int, batch:
                 _save_target_ckpt(ckpt, model, opt, g, step + 1)
     model.to(torch.bfloat16).save_pretrained(work / "target")
     losses = losses or [float("nan")]
-    return {"steps": steps, "batch": batch, "seq_len": seq, "final_loss": sum(losses[-50:]) / 50,
+    return {"steps": steps, "batch": batch, "seq_len": seq, "layers": layers, "final_loss": sum(losses[-50:]) / 50,
             "seconds": round(time.perf_counter() - t0), "params": sum(p.numel() for p in model.parameters())}
 
 
@@ -178,13 +179,15 @@ def cut_prompts(work: Path, files: list[Path], n: int, length: int, seed: int, n
 def train_drafter(work: Path, seed: int, steps: int, layers: int) -> dict:
     from dflash_trt.train.trainer import TrainDraftConfig, train_draft
 
+    depth = json.loads((work / "target" / "config.json").read_text())["num_hidden_layers"]
+    taps = sorted({1, depth // 2, depth - 1})  # [1, 3, 5] for the 6-layer target
     prompts = work / "draft_prompts.jsonl"
     records = [json.loads(line) for line in prompts.read_text().splitlines()]
     (work / "draft_data.jsonl").write_text("".join(json.dumps({"token_ids": r["token_ids"]}) + "\n" for r in records))
     cfg = TrainDraftConfig(
         target=str(work / "target"), data=[str(work / "draft_data.jsonl")], out=str(work / "draft"),
         block_size=16, layers=layers, steps=steps, batch_size=8, seq_len=256, num_anchors=32, lr=1.5e-3,
-        target_layer_ids=[1, 3, 5],  # include the last layer (HF post-norm): shallow targets need deep taps
+        target_layer_ids=taps,  # include the last layer (HF post-norm): shallow targets need deep taps
         regenerate=True, regen_prompt_tokens=64, regen_new_tokens=192, seed=seed, save_every=250,
     )
     return train_draft(cfg)
@@ -198,6 +201,7 @@ def main() -> None:
     ap.add_argument("--target-steps", type=int, default=800)
     ap.add_argument("--draft-steps", type=int, default=4000)
     ap.add_argument("--draft-layers", type=int, default=1)
+    ap.add_argument("--target-layers", type=int, default=6, help="decoder layers of the target (the shipped pair: 6)")
     ap.add_argument("--draft-samples", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is robust on a shared 2-core box)")
     args = ap.parse_args()
@@ -215,7 +219,7 @@ def main() -> None:
         elif stage == "target":
             stream = token_stream(args.work, train_files)
             log["data"]["train_tokens"] = len(stream)
-            log["target"] = train_target(args.work, stream, args.target_steps, args.seed)
+            log["target"] = train_target(args.work, stream, args.target_steps, args.seed, layers=args.target_layers)
         elif stage == "draft":
             cut_prompts(args.work, train_files, args.draft_samples, 64, args.seed, "draft_prompts.jsonl")
             summary = train_drafter(args.work, args.seed, args.draft_steps, args.draft_layers)
@@ -269,7 +273,7 @@ def write_cards(work: Path, log: dict) -> None:
 
 A Qwen3-architecture causal LM trained from scratch for dflash-trt's tests, quickstart and benchmarks.
 
-- architecture: Qwen3ForCausalLM, {TARGET_SHAPE['num_hidden_layers']} layers, hidden {TARGET_SHAPE['hidden_size']},
+- architecture: Qwen3ForCausalLM, {t.get('layers', TARGET_SHAPE['num_hidden_layers'])} layers, hidden {TARGET_SHAPE['hidden_size']},
   {TARGET_SHAPE['num_attention_heads']} heads / {TARGET_SHAPE['num_key_value_heads']} KV heads, head_dim {TARGET_SHAPE['head_dim']},
   MLP {TARGET_SHAPE['intermediate_size']}, tied embeddings, vocab 4096; {t['params'] / 1e6:.2f} M parameters, stored in bf16
 - tokenizer: byte-level BPE (vocab 4096) trained on the same data; `<|endoftext|>` = 0 (EOS), `<|mask|>` = 1
