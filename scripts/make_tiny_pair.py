@@ -261,6 +261,8 @@ def measure(work: Path, prompts: int = 32, new_tokens: int = 128) -> dict:
 def write_cards(work: Path, log: dict) -> None:
     """Model cards (README.md) for both folders: data, sizes, steps, measured acceptance."""
     m, t, d, data = log["measured"], log["target"], log["draft"], log["data"]
+    record = json.loads((work / "draft" / "dflash_trt_draft_vocab.json").read_text())
+    vocab = {"n": len(record["token_ids"]), "recommended": record["recommended_size"]}
     table = "\n".join(
         f"| {b.split('_')[1]} | {v['mean_acceptance_length']:.2f} | {v['spec_tokens_per_s']:.1f} | "
         f"{v['ar_tokens_per_s']:.1f} | {v['speedup']:.2f}x | {v['identical']} |" for b, v in m.items())
@@ -294,6 +296,8 @@ A DFlash drafter (z-lab format: `DFlashDraftModel`, `dflash_config`) for tiny-qw
 - data: {d.get('samples', '?')} prompts of 64 tokens cut from the training files, continued greedily by the target
   (192 new tokens each)
 - training: {d['steps']} steps, final loss {d['final_loss']:.3f}, {d['seconds']:.0f} s; settings in `dflash_trt_train.json`
+- draft vocabulary: `dflash_trt_draft_vocab.json` ranks the {vocab['n']} distinct tokens it was trained to propose;
+  the recommended {vocab['recommended']} cover 99.9% of them (`runtime.draft_vocab_size`, `--draft-vocab auto`; lossless)
 
 ## Measured acceptance
 
