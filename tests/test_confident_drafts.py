@@ -4,13 +4,13 @@ import math
 
 import pytest
 import torch
+from scripted import ScriptedDraft
+from test_lossless import _requests
 
 from dflash_trt.model.draft import confident_drafts
 from dflash_trt.runtime.service import DFlashService, ServiceLimits
 from dflash_trt.spec.autoregressive import autoregressive_generate
 from dflash_trt.spec.decode import speculative_generate
-from scripted import ScriptedDraft
-from test_lossless import _requests
 
 
 def _reference_width(logits: torch.Tensor, min_confidence: float) -> int:

@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 import torch
 from click.testing import CliRunner
+from test_lossless import _requests
 
 from dflash_trt.cli import cli
 from dflash_trt.errors import CheckpointError, ConfigError
@@ -14,7 +15,6 @@ from dflash_trt.model import draft_vocab as dv
 from dflash_trt.runtime.local import apply_draft_vocab, load_pair
 from dflash_trt.spec.autoregressive import autoregressive_generate
 from dflash_trt.spec.decode import speculative_generate
-from test_lossless import _requests
 
 
 def test_record_ranks_by_count_and_sizes_by_coverage():
@@ -152,5 +152,5 @@ def test_the_shipped_drafter_has_a_vocabulary_that_keeps_acceptance():
     assert 64 <= pair.draft.vocab_size < 1200
     cut = speculative_generate(pair.target, pair.draft, requests, 16)
     assert [c.tokens for c in cut] == [f.tokens for f in full]
-    steps = lambda rs: sum(len(r.acceptance_lengths) for r in rs)  # noqa: E731
+    steps = lambda rs: sum(len(r.acceptance_lengths) for r in rs)
     assert steps(cut) <= 1.05 * steps(full)

@@ -21,7 +21,14 @@ from torch import nn
 
 from dflash_trt.checkpoint.configs import DraftConfig
 from dflash_trt.model.kv_cache import KVCache
-from dflash_trt.model.layers import MLP, AttentionProjections, RMSNorm, Rotary, call_linear, linear
+from dflash_trt.model.layers import (
+    MLP,
+    AttentionProjections,
+    RMSNorm,
+    Rotary,
+    call_linear,
+    linear,
+)
 
 
 class DraftLayer(nn.Module):
@@ -90,7 +97,7 @@ class DFlashDraft(nn.Module):
         self.rotary = Rotary(d.rope, d.head_dim)
         self._vocab: tuple[torch.Tensor, _Head] | None = None  # draft vocabulary (use_vocab)
 
-    def fuse(self) -> "DFlashDraft":
+    def fuse(self) -> DFlashDraft:
         """Fuse q/k/v and gate/up matmuls for inference (parameters keep their HF names)."""
         for layer in self.layers:
             layer.self_attn.fuse()
@@ -182,7 +189,7 @@ class DFlashDraft(nn.Module):
         cap = self.config.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 
-    def use_vocab(self, token_ids: list[int] | None, lm_head: nn.Module) -> "DFlashDraft":
+    def use_vocab(self, token_ids: list[int] | None, lm_head: nn.Module) -> DFlashDraft:
         """Propose only from `token_ids` (a draft vocabulary, model/draft_vocab.py), scoring them with
         their rows of `lm_head`; None: the full vocabulary. Proposals only: lossless either way."""
         if token_ids is None:
