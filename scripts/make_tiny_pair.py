@@ -6,10 +6,12 @@ offline), split into train / held-out files by a hash of the relative path. Stag
 the previous stage's output in --work):
 
   tokenizer  byte-level BPE (vocab 4096, `<|endoftext|>` = 0, `<|mask|>` = 1) on the train files
-  target     Qwen3 architecture (6 layers, hidden 192) trained from scratch, saved as a HF folder
+  target     Qwen3 architecture (--target-layers, default 6; hidden 192) trained from scratch, saved as a HF folder
   draft      `dflash-trt train-draft --regenerate` on prompts cut from the train files
   prompts    held-out prompts (JSONL) for benchmarks
-  all        everything above, then copy into dflash_trt/assets/
+  measure    τ and speed-up on the held-out prompts; model cards
+  install    copy --work's pair, prompts and log into dflash_trt/assets/
+  all        tokenizer .. measure, then install
 
     python scripts/make_tiny_pair.py --stage all --seed 0
 
@@ -195,7 +197,8 @@ def train_drafter(work: Path, seed: int, steps: int, layers: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--stage", choices=["tokenizer", "target", "draft", "prompts", "measure", "all"], default="all")
+    ap.add_argument("--stage", choices=["tokenizer", "target", "draft", "prompts", "measure", "install", "all"],
+                    default="all")
     ap.add_argument("--work", type=Path, default=ROOT / "out" / "tiny_pair")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--target-steps", type=int, default=800)
@@ -211,6 +214,9 @@ def main() -> None:
     log_path = args.work / "make_log.json"
     log = json.loads(log_path.read_text()) if log_path.is_file() else {}
     log["data"] = {"stdlib": sysconfig.get_paths()["stdlib"], "train_files": len(train_files), "heldout_files": len(held_files)}
+    if args.stage == "install":  # copy a finished --work folder into dflash_trt/assets/
+        install(args.work)
+        return
     stages = ["tokenizer", "target", "draft", "prompts", "measure"] if args.stage == "all" else [args.stage]
     for stage in stages:
         t0 = time.perf_counter()
