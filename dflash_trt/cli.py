@@ -57,12 +57,16 @@ def _model_dir(value: str) -> str:
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the tokenizer's chat template.")
 @click.option("--block-size", type=click.IntRange(min=2), help="Tokens per draft block (default: the drafter's).")
 @click.option("--draft-vocab", type=DRAFT_VOCAB, default="auto", show_default=True, help=DRAFT_VOCAB_HELP)
+@click.option("--draft-confidence", type=click.FloatRange(min=0, max=1, max_open=True),
+              help="Verify only the drafts whose running draft probability is >= this (0 = full blocks). "
+                   "Default: 0.02 on CPU, 0 on GPUs.")
 @_sampling_options
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
 @click.option("--dtype", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True)
 @click.option("--compare-ar", is_flag=True, help="Also decode autoregressively; check tokens match, print speed-up.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: ids, text, statistics.")
-def generate_command(target_dir, draft_dir, url, protocol, prompt, prompt_ids, chat, block_size, draft_vocab, temperature, top_k,
+def generate_command(target_dir, draft_dir, url, protocol, prompt, prompt_ids, chat, block_size, draft_vocab,
+                     draft_confidence, temperature, top_k,
                      top_p, seed, max_new_tokens, stop_strings, device, dtype, compare_ar, as_json):
     """Decode one prompt with a target + DFlash drafter pair and print text and statistics."""
     from dflash_trt import report
@@ -79,7 +83,9 @@ def generate_command(target_dir, draft_dir, url, protocol, prompt, prompt_ids, c
     request = report.build_request(pair, prompt, prompt_ids, chat, temperature, top_k, top_p, seed,
                                    max_new_tokens, stop_strings)
     stream = None if as_json or pair.tokenizer is None else report.TextStreamer(pair)
-    results, stats = generate(pair, [request], block_size, on_commit=stream)
+    if draft_confidence is None:
+        draft_confidence = 0.02 if pair.target.lm_head.weight.device.type == "cpu" else 0.0
+    results, stats = generate(pair, [request], block_size, on_commit=stream, min_confidence=draft_confidence)
     baseline = generate(pair, [request], autoregressive=True) if compare_ar else None
     if as_json:
         click.echo(json.dumps(report.generation_json(request, results[0], stats, baseline)))

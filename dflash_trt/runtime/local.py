@@ -98,6 +98,7 @@ def generate(
     block_size: int | None = None,
     autoregressive: bool = False,
     on_commit: OnCommit | None = None,
+    min_confidence: float = 0.0,
 ) -> tuple[list[GenerationResult], DecodeStats]:
     """Decode with DFlash (or plain AR when `autoregressive`); results plus statistics."""
     detokenize = pair.detokenize if pair.tokenizer is not None else None
@@ -107,5 +108,6 @@ def generate(
         return results, DecodeStats.of(results, 1, 0.0, time.perf_counter() - t0)
     block_size = block_size or pair.draft.config.block_size
     timings = DecodeTimings()
-    results = speculative_generate(pair.target, pair.draft, requests, block_size, detokenize, on_commit, timings)
+    results = speculative_generate(pair.target, pair.draft, requests, block_size, detokenize, on_commit, timings,
+                                   min_confidence=min_confidence)
     return results, DecodeStats.of(results, block_size, timings.prefill_s, timings.decode_s)
