@@ -66,10 +66,12 @@ def draft_vocab_command(target, draft, data, regenerate, regen_prompt_tokens, re
     The drafter then scores only the most frequent tokens when proposing: fewer head weights read
     per step, same output (verification always scores the full vocabulary).
     """
+    from dflash_trt.checkpoint.hf import check_pair, read_draft, read_target
     from dflash_trt.model import draft_vocab
     from dflash_trt.runtime.local import load_pair
     from dflash_trt.train.data import vocab_from_data
 
+    check_pair(read_target(target), read_draft(draft))  # a drafter of this target, before any work
     pair = load_pair(target, None, dtype="fp32", device=device)
     regen = (regen_prompt_tokens, regen_new_tokens) if regenerate else None
     record = vocab_from_data(pair, list(data), regen, max_samples, coverage)

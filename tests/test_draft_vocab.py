@@ -135,6 +135,9 @@ def test_draft_vocab_command_writes_a_loadable_vocabulary(tiny_pair, tmp_path):
                                       "--regen-new-tokens", "12", "--device", "cpu"])
     assert result.exit_code == 0, result.output
     assert sum(dv.read_vocab_file(draft_dir)["counts"]) == 20 * 12  # the target's continuations only
+    result = CliRunner().invoke(cli, ["draft-vocab", "--target", str(tiny_pair[0]), "--draft", str(tiny_pair[0]),
+                                      "--data", str(data), "--device", "cpu"])
+    assert result.exit_code == 1 and not (tiny_pair[0] / dv.VOCAB_FILE).exists()  # a target is not a drafter
     result = CliRunner().invoke(cli, ["generate", "--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1]),
                                       "--prompt-ids", "1,2,3", "--draft-vocab", "20", "--device", "cpu"])
     assert result.exit_code == 1 and "has no dflash_trt_draft_vocab.json" in result.output
