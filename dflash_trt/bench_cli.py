@@ -56,7 +56,9 @@ def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, co
                                      param_hint="--reference")
         require_reference()
     if draft_confidence is None:
-        draft_confidence = 0.02 if device == "cpu" else 0.0
+        from dflash_trt.runtime.local import default_draft_confidence
+
+        draft_confidence = default_draft_confidence(device)
     if url:
         num_prompts = num_prompts or max(16, 4 * max(concurrency))
         runner.run_served(url, prompts_path, num_prompts, concurrency, max_new_tokens, sampling, out_dir)

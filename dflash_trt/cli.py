@@ -77,14 +77,14 @@ def generate_command(target_dir, draft_dir, url, protocol, prompt, prompt_ids, c
     if url:
         report.remote_generate(url, protocol, prompt, prompt_ids, chat, sampling, max_new_tokens, stop_strings, as_json)
         return
-    from dflash_trt.runtime.local import apply_draft_vocab, generate, load_pair
+    from dflash_trt.runtime.local import apply_draft_vocab, default_draft_confidence, generate, load_pair
 
     pair = apply_draft_vocab(load_pair(_model_dir(target_dir), _model_dir(draft_dir), dtype, device), draft_vocab)
     request = report.build_request(pair, prompt, prompt_ids, chat, temperature, top_k, top_p, seed,
                                    max_new_tokens, stop_strings)
     stream = None if as_json or pair.tokenizer is None else report.TextStreamer(pair)
     if draft_confidence is None:
-        draft_confidence = 0.02 if pair.target.lm_head.weight.device.type == "cpu" else 0.0
+        draft_confidence = default_draft_confidence(pair.target.lm_head.weight.device)
     results, stats = generate(pair, [request], block_size, on_commit=stream, min_confidence=draft_confidence)
     baseline = generate(pair, [request], autoregressive=True) if compare_ar else None
     if as_json:
@@ -171,22 +171,22 @@ def regress_command(configs, baselines, update):
 
 # Commands that live in their own modules (each module defines one click command object).
 # Registered by name so that `dflash-trt --help` imports no heavy dependency.
-# Maps module -> attribute, e.g. {"dflash_trt.convert_cli": "convert_command"}.
-_COMMAND_MODULES: dict[str, str] = {
-    "dflash_trt.train_cli": "train_draft_command",
-    "dflash_trt.train_cli:vocab": "draft_vocab_command",
-    "dflash_trt.bench_cli": "bench_command",
-    "dflash_trt.convert_cli": "convert_command",
-    "dflash_trt.export_cli": "export_group",
-    "dflash_trt.doctor_cli": "doctor_command",
-}
+# (module, attribute) pairs, e.g. ("dflash_trt.convert_cli", "convert_command").
+_COMMAND_MODULES: tuple[tuple[str, str], ...] = (
+    ("dflash_trt.train_cli", "train_draft_command"),
+    ("dflash_trt.train_cli", "draft_vocab_command"),
+    ("dflash_trt.bench_cli", "bench_command"),
+    ("dflash_trt.convert_cli", "convert_command"),
+    ("dflash_trt.export_cli", "export_group"),
+    ("dflash_trt.doctor_cli", "doctor_command"),
+)
 
 
 def _register_command_modules() -> None:
     import importlib
 
-    for key, attribute in _COMMAND_MODULES.items():
-        cli.add_command(getattr(importlib.import_module(key.split(":")[0]), attribute))
+    for module_name, attribute in _COMMAND_MODULES:
+        cli.add_command(getattr(importlib.import_module(module_name), attribute))
 
 
 _register_command_modules()

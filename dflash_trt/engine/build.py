@@ -67,8 +67,8 @@ def build_bundle(cfg: BuildConfig, log=print) -> tuple[Path, dict, bool]:
     t0 = time.perf_counter()
     target_ckpt, draft_ckpt = read_target(cfg.target_path()), read_draft(cfg.draft_path())
     check_pair(target_ckpt, draft_ckpt)
-    draft_vocab.select(draft_vocab.read_vocab_file(cfg.draft_path()), cfg.runtime.draft_vocab_size,
-                       f"{cfg.source}: field 'runtime.draft_vocab_size'")
+    draft_vocab.token_ids(cfg.draft_path(), cfg.runtime.draft_vocab_size, target_ckpt.config.vocab_size,
+                          f"{cfg.source}: field 'runtime.draft_vocab_size'")
     fingerprint = bundles.input_fingerprint(cfg)
     existing = bundles.reusable(cfg, fingerprint)
     if existing is not None:

@@ -24,10 +24,11 @@ from dflash_trt import __version__
 from dflash_trt.atomic import write_atomically  # noqa: F401 (re-exported: publish, exports)
 from dflash_trt.engine.config import BuildConfig, dump_build_config
 from dflash_trt.errors import CheckpointError
+from dflash_trt.model.draft_vocab import VOCAB_FILE
 
 FORMAT_VERSION = 1
 MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-               "chat_template.jinja", "model.safetensors.index.json", "dflash_trt_draft_vocab.json")
+               "chat_template.jinja", "model.safetensors.index.json", VOCAB_FILE)
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -95,7 +95,7 @@ class DFlashDraft(nn.Module):
         self.fc = nn.Linear(len(config.target_layer_ids) * d.hidden_size, d.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
         self.rotary = Rotary(d.rope, d.head_dim)
-        self._vocab: tuple[torch.Tensor, _Head] | None = None  # draft vocabulary (use_vocab)
+        self.vocab: tuple[torch.Tensor, _Head] | None = None  # (token ids, head rows) of a draft vocabulary (use_vocab)
 
     def fuse(self) -> DFlashDraft:
         """Fuse q/k/v and gate/up matmuls for inference (parameters keep their HF names)."""
@@ -193,22 +193,22 @@ class DFlashDraft(nn.Module):
         """Propose only from `token_ids` (a draft vocabulary, model/draft_vocab.py), scoring them with
         their rows of `lm_head`; None: the full vocabulary. Proposals only: lossless either way."""
         if token_ids is None:
-            self._vocab = None
+            self.vocab = None
             return self
         weight = lm_head.weight.detach()
         ids = torch.tensor(token_ids, dtype=torch.int64, device=weight.device)
-        self._vocab = (ids, _Head(weight[ids].contiguous()))
+        self.vocab = (ids, _Head(weight[ids].contiguous()))
         return self
 
     @property
     def vocab_size(self) -> int | None:
         """Tokens the head scores when proposing (None: the target's full vocabulary)."""
-        return None if self._vocab is None else int(self._vocab[0].numel())
+        return None if self.vocab is None else int(self.vocab[0].numel())
 
     def propose(self, hidden: torch.Tensor, lm_head: nn.Module, min_confidence: float = 0.0) -> torch.Tensor:
         """Greedy drafts [B, K' <= K] for block slots 1..K (`hidden` [B, K, H]); see `confident_drafts`.
         With a draft vocabulary (`use_vocab`) only its tokens are scored."""
-        vocab = self._vocab
+        vocab = self.vocab
         head = lm_head if vocab is None else vocab[1]
         drafts = confident_drafts(lambda lo, hi: self.logits(hidden[:, lo:hi], head), hidden.shape[1], min_confidence)
         return drafts if vocab is None else vocab[0][drafts]

@@ -104,6 +104,15 @@ def select(record: dict | None, size: int | str | None, where: str) -> list[int]
     return record["token_ids"][:size]
 
 
+def token_ids(folder: str | Path, size: int | str | None, vocab_size: int, where: str) -> list[int] | None:
+    """`select` over the drafter folder's vocabulary file, checked against the target's `vocab_size`."""
+    record = read_vocab_file(folder)
+    if record is not None and record["vocab_size"] != vocab_size:
+        raise ConfigError(f"{Path(folder) / VOCAB_FILE}: field 'vocab_size': {record['vocab_size']} "
+                          f"is not the target's vocabulary size {vocab_size}")
+    return select(record, size, where)
+
+
 def write_vocab_file(folder: str | Path, record: dict) -> Path:
     """Write (replace) the record atomically inside an existing drafter folder."""
     folder = Path(folder)

@@ -39,7 +39,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     With a few rows, MKL's x @ Wᵀ packs the whole weight first (an extra pass over it), while W @ xᵀ
     packs only the few activation rows and streams the weight once. Decode steps read cold weights, so
     that pass is most of the time: the verify block's first lm_head chunk took ~650 µs against ~490,
-    and a batch-1 DFlash step ~8% less overall in interleaved A/B runs (one row stays a GEMV; from 5
+    and a batch-1 DFlash step ~6% less overall in interleaved A/B runs (one row stays a GEMV; from 5
     rows the usual path is as fast or faster).
     """
     rows = x.numel() // x.shape[-1] if x.dim() else 0

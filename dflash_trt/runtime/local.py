@@ -83,13 +83,17 @@ def apply_draft_vocab(pair: LoadedPair, size: int | str | None) -> LoadedPair:
 
     if pair.draft is None:
         return pair
-    record = draft_vocab.read_vocab_file(pair.draft_dir)
-    if record is not None and record["vocab_size"] != pair.target.config.vocab_size:
-        raise ConfigError(f"{pair.draft_dir / draft_vocab.VOCAB_FILE}: field 'vocab_size': {record['vocab_size']} "
-                          f"is not the target's vocabulary size {pair.target.config.vocab_size}")
-    ids = draft_vocab.select(record, size, str(pair.draft_dir))
+    ids = draft_vocab.token_ids(pair.draft_dir, size, pair.target.config.vocab_size, str(pair.draft_dir))
     pair.draft.use_vocab(ids, pair.target.lm_head)
     return pair
+
+
+def default_draft_confidence(device: str | torch.device) -> float:
+    """The confidence cut when none is given: on CPU each extra verified row costs (0.02, measured in
+    docs/design-notes.md); GPUs verify a full block for about the price of one row (0 = full blocks)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return 0.02 if torch.device(device).type == "cpu" else 0.0
 
 
 def generate(

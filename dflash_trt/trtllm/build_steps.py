@@ -92,8 +92,8 @@ def build_draft(cfg: BuildConfig, plan, tmp_dir: Path, log=print) -> None:
 
     draft = load_draft(read_draft(cfg.draft_path()), dtype, "cpu")
     head = load_target_head(cfg.target_path(), dtype)
-    draft.use_vocab(draft_vocab.select(draft_vocab.read_vocab_file(cfg.draft_path()), cfg.runtime.draft_vocab_size,
-                                       f"{cfg.source}: field 'runtime.draft_vocab_size'"), head.lm_head)
+    draft.use_vocab(draft_vocab.token_ids(cfg.draft_path(), cfg.runtime.draft_vocab_size, head.config.vocab_size,
+                                          f"{cfg.source}: field 'runtime.draft_vocab_size'"), head.lm_head)
     paths = export_draft_graphs(draft, head, plan.draft_spec, tmp_dir / "draft")
     for name, onnx_path in paths.items():
         log(f"TensorRT: {onnx_path.name} -> {ENGINE_FILES[name]}")

@@ -92,7 +92,7 @@ class DraftProposeGraph(nn.Module):
         super().__init__()
         self.draft, self.embed_tokens, self.lm_head = draft, target.model.embed_tokens, target.lm_head
         self.rope = RopeTable(draft.rotary, capacity, draft.fc.weight.dtype)
-        self.vocab = draft._vocab  # (token ids, head rows) of a draft vocabulary (DFlashDraft.use_vocab), or None
+        self.vocab = draft.vocab  # (token ids, head rows) of a draft vocabulary (DFlashDraft.use_vocab), or None
 
     def forward(self, block_ids, start, context_k, context_v, context_lengths) -> torch.Tensor:
         """block_ids [B, Q]; start, context_lengths [B]; context_k/v [L, B, kvh, S, D] -> drafts [B, Q-1] int64."""
