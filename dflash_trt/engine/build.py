@@ -18,7 +18,6 @@ from dflash_trt.errors import ConfigError
 from dflash_trt.model import draft_vocab
 from dflash_trt.runtime.local import LoadedPair, apply_draft_vocab, load_pair
 
-
 HF_FORMAT, TRTLLM_FORMAT = "hf", "trtllm-checkpoint"
 
 
