@@ -77,7 +77,12 @@ def generate_command(target_dir, draft_dir, url, protocol, prompt, prompt_ids, c
     if url:
         report.remote_generate(url, protocol, prompt, prompt_ids, chat, sampling, max_new_tokens, stop_strings, as_json)
         return
-    from dflash_trt.runtime.local import apply_draft_vocab, default_draft_confidence, generate, load_pair
+    from dflash_trt.runtime.local import (
+        apply_draft_vocab,
+        default_draft_confidence,
+        generate,
+        load_pair,
+    )
 
     pair = apply_draft_vocab(load_pair(_model_dir(target_dir), _model_dir(draft_dir), dtype, device), draft_vocab)
     request = report.build_request(pair, prompt, prompt_ids, chat, temperature, top_k, top_p, seed,
