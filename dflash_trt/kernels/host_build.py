@@ -1,13 +1,14 @@
-"""Compile the verify plugin's host-side test libraries with plain g++ (no torch extension, no nvcc).
+"""Compile host-side C++ libraries with plain g++ (no torch extension, no nvcc), loaded with ctypes.
 
-Two libraries, each cached under ``$DFLASH_TRT_CACHE_DIR`` (default ~/.cache/dflash_trt) in a
-folder named by a hash of its sources and flags, so an edit to any source rebuilds it:
+The verify plugin's two test libraries (and model/cpu_layers.py's decoder layer), each cached under
+``$DFLASH_TRT_CACHE_DIR`` (default ~/.cache/dflash_trt) in a folder named by a hash of its sources
+and flags, so an edit to any source rebuilds it:
 
 - ``TWIN``: twin/verify_twin.cpp, the kernels' row code (row_select.h) on one host thread;
 - ``EMULATOR``: twin/cta_emulator.cpp, src/verify_kernels.cu itself with every CUDA thread of a
   block run as a fiber; needs only the CUDA toolkit's headers (cuda_runtime.h, cuda_fp16.h).
 
-Both are built with -ffp-contract=off: every a*b+c stays two roundings, like __fmul_rn/__fadd_rn.
+The verify libraries are built with -ffp-contract=off: every a*b+c stays two roundings, like __fmul_rn/__fadd_rn.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -32,10 +34,12 @@ COMMON_FLAGS = ("-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fas
 @dataclass(frozen=True)
 class HostLibrary:
     filename: str  # the .so
-    main: str  # source compiled, relative to PLUGIN_DIR
-    sources: tuple[str, ...]  # everything hashed, relative to PLUGIN_DIR
+    main: str  # source compiled, relative to root
+    sources: tuple[str, ...]  # everything hashed, relative to root
     flags: tuple[str, ...]
     needs_cuda_headers: bool = False
+    root: Path = PLUGIN_DIR  # main, sources and the include folder are relative to it
+    cpu_specific: bool = False  # built with -march=native: the cache key includes this CPU's flags
 
 
 TWIN = HostLibrary("libdflash_verify_twin.so", "twin/verify_twin.cpp", ("twin/verify_twin.cpp", *HEADERS),
@@ -63,21 +67,32 @@ def cuda_include_dir() -> Path | None:
     return None
 
 
+def _cpu_flags() -> str:
+    """This CPU's feature flags (/proc/cpuinfo), so a -march=native build is never reused elsewhere."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    return next((line for line in lines if line.startswith("flags")), platform.machine())
+
+
 def _hash(lib: HostLibrary, extra: tuple[str, ...]) -> str:
     digest = hashlib.sha256(" ".join((*lib.flags, *extra)).encode())
+    if lib.cpu_specific:
+        digest.update(_cpu_flags().encode())
     for rel in lib.sources:
-        digest.update(rel.encode() + b"\0" + (PLUGIN_DIR / rel).read_bytes())
+        digest.update(rel.encode() + b"\0" + (lib.root / rel).read_bytes())
     return digest.hexdigest()[:16]
 
 
 def build(lib: HostLibrary) -> Path:
     """Compile `lib` unless a build of the same sources exists; returns the .so path."""
-    if not (PLUGIN_DIR / lib.main).exists():
-        raise MissingDependencyError(f"plugin sources not found under {PLUGIN_DIR}; use a source checkout")
+    if not (lib.root / lib.main).exists():
+        raise MissingDependencyError(f"sources of {lib.filename} not found under {lib.root}; use a source checkout")
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if cxx is None:
-        raise MissingDependencyError("no C++ compiler for the verify twin; install g++ (apt-get install g++)")
-    includes = (f"-I{PLUGIN_DIR / 'include'}",)
+        raise MissingDependencyError(f"no C++ compiler for {lib.filename}; install g++ (apt-get install g++)")
+    includes = (f"-I{lib.root / 'include'}",)
     if lib.needs_cuda_headers:
         cuda = cuda_include_dir()
         if cuda is None:
@@ -89,7 +104,7 @@ def build(lib: HostLibrary) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [cxx, *lib.flags, *includes, str(PLUGIN_DIR / lib.main), "-o", tmp]
+    cmd = [cxx, *lib.flags, *includes, str(lib.root / lib.main), "-o", tmp]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         os.unlink(tmp)

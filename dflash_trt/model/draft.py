@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from dflash_trt.checkpoint.configs import DraftConfig
+from dflash_trt.model import cpu_layers
 from dflash_trt.model.kv_cache import KVCache
 from dflash_trt.model.layers import (
     MLP,
@@ -167,6 +168,10 @@ class DFlashDraft(nn.Module):
             positions = torch.cat([ctx_positions, block_positions], dim=1)
             if ctx_valid is not None:
                 valid = torch.cat([ctx_valid, torch.ones_like(block_positions, dtype=torch.bool)], dim=1)
+        if self.full_attention and cpu_layers.eligible(positions, cache):
+            plans = cpu_layers.plans(self.layers)
+            if plans is not None:
+                return self.norm(self._layers_cpu(plans, x, ctx, positions, cache, int(slots[0])))
         rope = self.rotary(positions, x.dtype)
         key_end = block_positions[:, -1] + 1  # [B]: context + block
         s = int(key_end.max())
@@ -178,6 +183,21 @@ class DFlashDraft(nn.Module):
                 masks[kind] = layer.visible(block_positions, key_end, s, uniform)
             x = layer(x, ctx, rope, cache, i, slots, positions, valid, s, masks[kind])
         return self.norm(x)
+
+    @property
+    def full_attention(self) -> bool:
+        """Every layer non-causal without a window: each block row sees its whole context and block."""
+        return all(not layer.is_causal and layer.window is None for layer in self.layers)
+
+    def _layers_cpu(self, plans, x, ctx, positions, cache: KVCache, slot: int) -> torch.Tensor:
+        """All layers for one sequence through the C++ layer (model/cpu_layers.py) -> [1, Q, H]."""
+        x = x[0].clone()  # [Q, H], updated in place
+        ctx = None if ctx is None else ctx[0].contiguous()  # [C, H]
+        start = int(positions[0, 0])
+        cos, sin = self.rotary.rows(start, positions.shape[1], x.dtype)
+        for i, plan in enumerate(plans):
+            cpu_layers.run_layer(plan, x, ctx, cache, i, slot, start, cos, sin, causal=False)
+        return x[None]
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Draft logits through the TARGET lm_head, with z-lab's multiplier and softcap."""

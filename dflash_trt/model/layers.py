@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dflash_trt.checkpoint.configs import RopeConfig, TransformerDims
+from dflash_trt.model import cpu_layers
 
 
 class RMSNorm(nn.Module):
@@ -34,19 +35,23 @@ SMALL_ROWS = (2, 4)  # rows for which `linear` streams the weight (measured on t
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, except for 2..4 rows of fp32 on CPU, computed as (W @ xᵀ)ᵀ.
+    """F.linear, except for 1..4 rows of fp32 on CPU without autograd, which stream the weight once.
 
-    With a few rows, MKL's x @ Wᵀ packs the whole weight first (an extra pass over it), while W @ xᵀ
-    packs only the few activation rows and streams the weight once. Decode steps read cold weights, so
-    that pass is most of the time: the verify block's first lm_head chunk took ~650 µs against ~490,
-    and a batch-1 DFlash step ~6% less overall in interleaved A/B runs (one row stays a GEMV; from 5
-    rows the usual path is as fast or faster).
+    With a few rows, MKL's x @ Wᵀ packs the whole weight first (an extra pass over it). Decode steps
+    read cold weights, so that pass is most of the time. These rows go through the C++ layer's
+    projection (model/cpu_layers.py: a 4096 x 192 lm_head at 1 / 4 rows 418 / 593 µs -> 231 / 381 µs),
+    or, without its library, 2..4 rows through (W @ xᵀ)ᵀ (the verify block's first lm_head chunk
+    ~650 -> ~490 µs, a DFlash step ~6% less). From 5 rows the usual path is as fast or faster.
     """
     rows = x.numel() // x.shape[-1] if x.dim() else 0
-    if (bias is None and SMALL_ROWS[0] <= rows <= SMALL_ROWS[1] and x.device.type == "cpu"
+    if (bias is None and 1 <= rows <= SMALL_ROWS[1] and x.device.type == "cpu"
             and x.dtype == torch.float32 and weight.dtype == torch.float32):
-        out = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t().contiguous()
-        return out.view(*x.shape[:-1], weight.shape[0])
+        flat = x.reshape(rows, x.shape[-1])
+        if cpu_layers.matmul_ready(flat, weight):
+            return cpu_layers.matmul_nt(flat, weight).view(*x.shape[:-1], weight.shape[0])
+        if rows >= SMALL_ROWS[0]:
+            out = torch.mm(weight, flat.t()).t().contiguous()
+            return out.view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
 
 
@@ -96,6 +101,11 @@ class Rotary(nn.Module):
             cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
             self._tables[dtype] = (cos, sin)
         return cos, sin
+
+    def rows(self, start: int, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [n, head_dim] of positions start..start+n-1 (contiguous views of the table)."""
+        cos, sin = self._table(start + n, dtype)
+        return cos[start : start + n], sin[start : start + n]
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [B, T] -> cos, sin [B, 1, T, head_dim] (broadcast over heads)."""

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from dflash_trt.checkpoint.configs import TargetConfig
+from dflash_trt.model import cpu_layers
 from dflash_trt.model.kv_cache import KVCache
 from dflash_trt.model.layers import MLP, AttentionProjections, RMSNorm, Rotary, call_linear
 
@@ -83,6 +84,22 @@ class Target(nn.Module):
         head: bool = True,  # False: return the final-norm hidden states [B, R, H] instead of logits
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """-> logits [B, R, V] (or hidden [B, R, H]), target_hidden [B, T, len(tap_layers) * H] (None without taps)."""
+        plans = cpu_layers.plans(self.model.layers) if cpu_layers.eligible(positions, cache) else None
+        if plans is not None:
+            x, taps = self._layers_cpu(plans, tokens, positions, cache, int(slots[0]), tap_layers)
+        else:
+            x, taps = self._layers(tokens, positions, cache, slots, tap_layers)
+        last = len(self.model.layers) - 1
+        x = self.model.norm(x)
+        if last in tap_layers:
+            taps[last] = x
+        target_hidden = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None
+        if logit_rows is not None:
+            x = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
+        return (call_linear(self.lm_head, x) if head else x), target_hidden
+
+    def _layers(self, tokens, positions, cache: KVCache, slots, tap_layers) -> tuple[torch.Tensor, dict]:
+        """The torch path: all layers over ragged rows -> x [B, T, H] before the final norm, taps."""
         x = self.embed(tokens)
         rope = self.rotary(positions, x.dtype)
         key_positions = torch.arange(int(positions.max()) + 1, device=tokens.device)
@@ -93,10 +110,17 @@ class Target(nn.Module):
             x = layer(x, rope, cache, i, slots, positions, visible)
             if i in tap_layers and i != last:
                 taps[i] = x
-        x = self.model.norm(x)
-        if last in tap_layers:
-            taps[last] = x
-        target_hidden = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None
-        if logit_rows is not None:
-            x = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
-        return (call_linear(self.lm_head, x) if head else x), target_hidden
+        return x, taps
+
+    def _layers_cpu(self, plans, tokens, positions, cache: KVCache, slot: int, tap_layers) -> tuple[torch.Tensor, dict]:
+        """The same for one sequence through the C++ layer (model/cpu_layers.py)."""
+        x = self.embed(tokens)[0].contiguous()  # [T, H], a fresh tensor the layers update in place
+        start = int(positions[0, 0])
+        cos, sin = self.rotary.rows(start, x.shape[0], x.dtype)
+        taps = {}
+        last = len(plans) - 1
+        for i, plan in enumerate(plans):
+            cpu_layers.run_layer(plan, x, None, cache, i, slot, start, cos, sin, causal=True)
+            if i in tap_layers and i != last:
+                taps[i] = x[None].clone()
+        return x[None], taps

@@ -1,0 +1,402 @@
+// One decoder layer (Qwen3 / Llama 3.x shapes, fp32) for a few rows of ONE sequence on one CPU core.
+//
+// Why: at decode sizes (1..16 rows, hidden ~200..4096) an eager PyTorch layer is ~50 small ops of
+// 3..20 us of dispatch each, plus MKL's small-matrix setup; here a layer is one call that streams
+// each weight once. Used by dflash_trt/model/cpu_layers.py for the target's decode / verify passes
+// and the drafter's block pass; prefill and batches keep the torch path.
+//
+// Row independence (the lossless property this file keeps): every output element of every row is
+// computed by the same instruction sequence whatever the number of rows in the call, so a verify
+// pass over a block gives bit-identical hidden states to decoding the same tokens one at a time.
+//
+// Layout (all row-major, contiguous, fp32):
+//   x      [Q, H]            block rows: the residual stream, updated in place
+//   ctx    [C, H] or null    context rows (drafter): K/V only, no input norm, no query
+//   rows [ctx ; x] sit at absolute positions start .. start + C + Q - 1
+//   cos/sin [C + Q, D]       RoPE rows for those positions (HF rotate_half convention)
+//   k/v cache [NKV, cap, D]  this layer's slice for the sequence; positions < start must hold K/V
+//   query row t (absolute position p) attends to keys 0..p (causal) or 0..start+C+Q-1 (not causal)
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+extern "C" {
+
+struct DflLayerWeights {  // pointers stay owned by the Python module (cpu_layers.LayerPlan keeps them alive)
+  const float* input_norm;   // [H]
+  // the four projections as panels (pack_panels): [ceil(n / 8), k, 8] for a weight [n, k]
+  const float* qkv;          // [(NH + 2 NKV) D, H]  rows: q heads, k heads, v heads
+  const float* q_norm;       // [D] or null (no q/k norm: Llama)
+  const float* k_norm;       // [D] or null
+  const float* o_proj;       // [H, NH D]
+  const float* post_norm;    // [H]
+  const float* gate_up;      // [2 I, H]  rows: gate, up
+  const float* down;         // [H, I]
+  int32_t hidden, heads, kv_heads, head_dim, intermediate;
+  float eps;
+};
+
+}  // extern "C"
+
+namespace {
+
+// dot_rows<R>: out[r] = w . x_r for R rows x_r = x + r * ldx (length n each). Each row's sum has
+// one fixed shape, whatever R: two 8-lane accumulators over 16-float chunks, one more 8-float chunk
+// into the first, then a fixed horizontal reduction, then the scalar tail. R > 1 only shares the
+// loads of w and fills both FMA pipes (R independent pairs of accumulator chains).
+#if defined(__AVX2__) && defined(__FMA__)
+inline float reduce(__m256 a0, __m256 a1) {
+  const __m256 a = _mm256_add_ps(a0, a1);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_hadd_ps(s, s);
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(s);
+}
+
+template <int R>
+inline void dot_rows(const float* w, const float* x, size_t ldx, int n, float* out) {
+  __m256 acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
+    for (int r = 0; r < R; ++r) {
+      acc0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * ldx + i), acc0[r]);
+      acc1[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * ldx + i + 8), acc1[r]);
+    }
+  }
+  if (i + 8 <= n) {
+    const __m256 w0 = _mm256_loadu_ps(w + i);
+    for (int r = 0; r < R; ++r) acc0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * ldx + i), acc0[r]);
+    i += 8;
+  }
+  for (int r = 0; r < R; ++r) {
+    float s = reduce(acc0[r], acc1[r]);
+    for (int j = i; j < n; ++j) s += w[j] * x[r * ldx + j];
+    out[r] = s;
+  }
+}
+#else
+template <int R>
+inline void dot_rows(const float* w, const float* x, size_t ldx, int n, float* out) {
+  for (int r = 0; r < R; ++r) {
+    const float* xr = x + r * ldx;
+    float acc[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+      for (int l = 0; l < 16; ++l) acc[l] += w[i + l] * xr[i + l];
+    if (i + 8 <= n) {
+      for (int l = 0; l < 8; ++l) acc[l] += w[i + l] * xr[i + l];
+      i += 8;
+    }
+    float lanes[8];
+    for (int l = 0; l < 8; ++l) lanes[l] = acc[l] + acc[l + 8];
+    float s = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    for (; i < n; ++i) s += w[i] * xr[i];
+    out[r] = s;
+  }
+}
+#endif
+
+inline float dot(const float* a, const float* b, int n) {
+  float out;
+  dot_rows<1>(a, b, 0, n, &out);
+  return out;
+}
+
+// out[t, j] = x[t, :] . w[j, :] for t < rows, j < n (x [rows, k], w [n, k], out [rows, n]).
+// Weight rows outer: each is read from memory once and used for every row while in L1.
+void matmul_nt(const float* x, int rows, int k, const float* w, int n, float* out) {
+  float sums[4];
+  for (int j = 0; j < n; ++j) {
+    const float* wj = w + static_cast<size_t>(j) * k;
+    int t = 0;
+    for (; t + 4 <= rows; t += 4) {
+      dot_rows<4>(wj, x + static_cast<size_t>(t) * k, k, k, sums);
+      for (int r = 0; r < 4; ++r) out[static_cast<size_t>(t + r) * n + j] = sums[r];
+    }
+    for (; t + 2 <= rows; t += 2) {
+      dot_rows<2>(wj, x + static_cast<size_t>(t) * k, k, k, sums);
+      for (int r = 0; r < 2; ++r) out[static_cast<size_t>(t + r) * n + j] = sums[r];
+    }
+    for (; t < rows; ++t) out[static_cast<size_t>(t) * n + j] = dot(wj, x + static_cast<size_t>(t) * k, k);
+  }
+}
+
+// Panels: a weight w [n, k] stored as [ceil(n / 8), k, 8] (panel p, column kk = w[8p .. 8p+7, kk],
+// zero rows past n), so a tile streams its panels front to back. out[t, j] = sum over kk in order of
+// x[t, kk] * w[j, kk], one fused multiply-add chain per output: the same chain whatever the tile
+// (rows x panels) it is computed in, so rows are independent here too.
+void pack_panels(const float* w, int n, int k, float* panels) {
+  for (int p = 0; p < (n + 7) / 8; ++p)
+    for (int kk = 0; kk < k; ++kk)
+      for (int l = 0; l < 8; ++l) {
+        const int j = p * 8 + l;
+        panels[(static_cast<size_t>(p) * k + kk) * 8 + l] = j < n ? w[static_cast<size_t>(j) * k + kk] : 0.0f;
+      }
+}
+
+template <int RG, int P>
+inline void panel_tile(const float* __restrict x, int k, const float* __restrict panels, int p0, int n,
+                       float* __restrict out) {
+  alignas(32) float result[RG * P * 8];
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 acc[RG * P];
+#pragma GCC unroll 8
+  for (int i = 0; i < RG * P; ++i) acc[i] = _mm256_setzero_ps();
+  const float* base = panels + static_cast<size_t>(p0) * k * 8;
+  const size_t next = static_cast<size_t>(k) * 8;  // from one panel to the next
+  for (int kk = 0; kk < k; ++kk) {
+    const __m256 w0 = _mm256_loadu_ps(base + static_cast<size_t>(kk) * 8);
+    const __m256 w1 = P > 1 ? _mm256_loadu_ps(base + next + static_cast<size_t>(kk) * 8) : w0;
+#pragma GCC unroll 4
+    for (int r = 0; r < RG; ++r) {
+      const __m256 xb = _mm256_broadcast_ss(x + static_cast<size_t>(r) * k + kk);
+      acc[r * P] = _mm256_fmadd_ps(xb, w0, acc[r * P]);
+      if (P > 1) acc[r * P + 1] = _mm256_fmadd_ps(xb, w1, acc[r * P + 1]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < RG * P; ++i) _mm256_store_ps(result + i * 8, acc[i]);
+#else
+  for (int r = 0; r < RG; ++r)
+    for (int q = 0; q < P; ++q)
+      for (int l = 0; l < 8; ++l) {
+        const float* col = panels + static_cast<size_t>(p0 + q) * k * 8 + l;
+        float a = 0.0f;
+        for (int kk = 0; kk < k; ++kk) a += x[static_cast<size_t>(r) * k + kk] * col[static_cast<size_t>(kk) * 8];
+        result[(r * P + q) * 8 + l] = a;
+      }
+#endif
+  for (int r = 0; r < RG; ++r)
+    for (int q = 0; q < P; ++q)
+      for (int l = 0; l < 8; ++l) {
+        const int j = (p0 + q) * 8 + l;
+        if (j < n) out[static_cast<size_t>(r) * n + j] = result[(r * P + q) * 8 + l];
+      }
+}
+
+template <int RG>
+void panel_rows(const float* x, int k, const float* panels, int n, float* out) {
+  const int count = (n + 7) / 8;
+  int p = 0;
+  for (; p + 2 <= count; p += 2) panel_tile<RG, 2>(x, k, panels, p, n, out);
+  if (p < count) panel_tile<RG, 1>(x, k, panels, p, n, out);
+}
+
+// out [rows, n] = x [rows, k] @ w^T with w packed by pack_panels; rows in groups of up to 4.
+void matmul_panels(const float* x, int rows, int k, const float* panels, int n, float* out) {
+  int t = 0;
+  for (; t + 4 <= rows; t += 4) panel_rows<4>(x + static_cast<size_t>(t) * k, k, panels, n, out + static_cast<size_t>(t) * n);
+  const float* xt = x + static_cast<size_t>(t) * k;
+  float* ot = out + static_cast<size_t>(t) * n;
+  switch (rows - t) {
+    case 3: panel_rows<3>(xt, k, panels, n, ot); break;
+    case 2: panel_rows<2>(xt, k, panels, n, ot); break;
+    case 1: panel_rows<1>(xt, k, panels, n, ot); break;
+    default: break;
+  }
+}
+
+// out = weight * (x / sqrt(mean(x^2) + eps)); weight may be null (x / rms only). out may alias x.
+void rms_norm(const float* x, const float* weight, int n, float eps, float* out) {
+  const float scale = 1.0f / std::sqrt(dot(x, x, n) / static_cast<float>(n) + eps);
+  for (int i = 0; i < n; ++i) out[i] = weight ? weight[i] * (x[i] * scale) : x[i] * scale;
+}
+
+// In place: v (length d) = v * cos + rotate_half(v) * sin, rotate_half(v) = [-v[d/2:], v[:d/2]].
+void rope(float* v, const float* cos, const float* sin, int d) {
+  const int half = d / 2;
+  for (int i = 0; i < half; ++i) {
+    const float a = v[i], b = v[i + half];
+    v[i] = a * cos[i] - b * sin[i];
+    v[i + half] = b * cos[i + half] + a * sin[i + half];
+  }
+}
+
+// exp of 8 lanes (Cephes expf: range reduction by ln 2, degree-5 polynomial; ~1 ulp). Lanes are
+// independent, so an element's result never depends on its neighbours.
+#if defined(__AVX2__) && defined(__FMA__)
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f)), _mm256_set1_ps(88.3762626647949f));
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+#endif
+
+// In place: v[i] = exp(v[i]) for i < n; v must have room for n rounded up to 8 (padding is overwritten).
+void exp_inplace(float* v, int n) {
+#if defined(__AVX2__) && defined(__FMA__)
+  for (int i = 0; i < n; i += 8) _mm256_storeu_ps(v + i, exp8(_mm256_loadu_ps(v + i)));
+#else
+  for (int i = 0; i < n; ++i) v[i] = std::exp(v[i]);
+#endif
+}
+
+// Attention of M query vectors sharing one K/V head: query m (queries [M, d]) sees keys 0..n_keys[m]-1
+// (keys / values [*, d]); out [M, d]. scores [M, stride] is scratch, stride >= max n_keys rounded up
+// to 8. Each query's scores, softmax and weighted sum run in a fixed order of its own, so its
+// result does not depend on which other queries share the call.
+void attend(const float* queries, const int* n_keys, int m_count, const float* keys, const float* values, int d,
+            float scale, float* scores, int stride, float* out) {
+  int most = 0;
+  for (int m = 0; m < m_count; ++m) most = n_keys[m] > most ? n_keys[m] : most;
+  float sums[4];
+  for (int s = 0; s < most; ++s) {  // q . k_s for every query, each key read once
+    const float* k = keys + static_cast<size_t>(s) * d;
+    int m = 0;
+    for (; m + 4 <= m_count; m += 4) {
+      dot_rows<4>(k, queries + static_cast<size_t>(m) * d, d, d, sums);
+      for (int r = 0; r < 4; ++r) scores[static_cast<size_t>(m + r) * stride + s] = sums[r] * scale;
+    }
+    for (; m < m_count; ++m) scores[static_cast<size_t>(m) * stride + s] = dot(k, queries + static_cast<size_t>(m) * d, d) * scale;
+  }
+  std::vector<float> total(m_count);
+  for (int m = 0; m < m_count; ++m) {
+    float* row = scores + static_cast<size_t>(m) * stride;
+    const int n = n_keys[m];
+    float top = -INFINITY;
+    for (int s = 0; s < n; ++s) top = row[s] > top ? row[s] : top;
+    for (int s = 0; s < n; ++s) row[s] -= top;
+    for (int s = n; s < stride && s < ((n + 7) & ~7); ++s) row[s] = 0.0f;  // padding: finite
+    exp_inplace(row, n);
+    float t = 0.0f;
+    for (int s = 0; s < n; ++s) t += row[s];
+    total[m] = t;
+    for (int i = 0; i < d; ++i) out[static_cast<size_t>(m) * d + i] = 0.0f;
+  }
+  for (int s = 0; s < most; ++s) {  // weighted values, each value row read once
+    const float* v = values + static_cast<size_t>(s) * d;
+    for (int m = 0; m < m_count; ++m) {
+      if (s >= n_keys[m]) continue;
+      const float p = scores[static_cast<size_t>(m) * stride + s];
+      float* o = out + static_cast<size_t>(m) * d;
+      for (int i = 0; i < d; ++i) o[i] += p * v[i];
+    }
+  }
+  for (int m = 0; m < m_count; ++m) {
+    const float inv = 1.0f / total[m];
+    for (int i = 0; i < d; ++i) out[static_cast<size_t>(m) * d + i] *= inv;
+  }
+}
+
+// In place over n values of gate g and up u: g = silu(g) * u = g / (1 + exp(-g)) * u.
+void silu_mul(float* g, const float* u, int n) {
+  std::vector<float> e(static_cast<size_t>((n + 7) & ~7));
+  for (int i = 0; i < n; ++i) e[i] = -g[i];
+  for (int i = n; i < static_cast<int>(e.size()); ++i) e[i] = 0.0f;
+  exp_inplace(e.data(), n);
+  for (int i = 0; i < n; ++i) g[i] = g[i] / (1.0f + e[i]) * u[i];
+}
+
+}  // namespace
+
+extern "C" {
+
+// out [rows, n] = x [rows, k] @ w[n, k]^T (the projection the layer uses; also the lm_head / fc).
+void dfl_matmul_nt(const float* x, int32_t rows, int32_t k, const float* w, int32_t n, float* out) {
+  matmul_nt(x, rows, k, w, n, out);
+}
+
+// panels [ceil(n / 8) * k * 8] = w [n, k] in the layer's panel layout.
+void dfl_pack_panels(const float* w, int32_t n, int32_t k, float* panels) { pack_panels(w, n, k, panels); }
+
+// out [rows, n] = x [rows, k] @ w^T, w given as panels (the layer's projection).
+void dfl_matmul_panels(const float* x, int32_t rows, int32_t k, const float* panels, int32_t n, float* out) {
+  matmul_panels(x, rows, k, panels, n, out);
+}
+
+// One layer over [ctx ; x] (see the header). Returns 0, or -1 on bad sizes.
+int32_t dfl_decoder_layer(const DflLayerWeights* w, float* x, int32_t q_rows, const float* ctx, int32_t c_rows,
+                          const float* cos, const float* sin, float* k_cache, float* v_cache, int32_t capacity,
+                          int32_t start, int32_t causal) {
+  const int H = w->hidden, NH = w->heads, NKV = w->kv_heads, D = w->head_dim, I = w->intermediate;
+  const int R = c_rows + q_rows, QKV = (NH + 2 * NKV) * D, group = NH / NKV;
+  const int end = start + R;  // keys 0..end-1 after this call's writes
+  if (q_rows < 1 || c_rows < 0 || start < 0 || end > capacity || NKV < 1 || NH % NKV != 0 || D % 2 != 0) return -1;
+
+  // 1) input norm (block rows only; context rows are already features) and one q/k/v projection
+  std::vector<float> h(static_cast<size_t>(R) * H), qkv(static_cast<size_t>(R) * QKV);
+  for (int r = 0; r < c_rows; ++r)
+    for (int i = 0; i < H; ++i) h[static_cast<size_t>(r) * H + i] = ctx[static_cast<size_t>(r) * H + i];
+  for (int t = 0; t < q_rows; ++t)
+    rms_norm(x + static_cast<size_t>(t) * H, w->input_norm, H, w->eps, h.data() + static_cast<size_t>(c_rows + t) * H);
+  matmul_panels(h.data(), R, H, w->qkv, QKV, qkv.data());
+
+  // 2) per-head q/k norm and RoPE; K/V of every row into the cache at its position
+  for (int r = 0; r < R; ++r) {
+    float* row = qkv.data() + static_cast<size_t>(r) * QKV;
+    const float* c = cos + static_cast<size_t>(r) * D;
+    const float* s = sin + static_cast<size_t>(r) * D;
+    for (int head = (r < c_rows ? NH : 0); head < NH + NKV; ++head) {  // context rows need no query
+      float* v = row + head * D;
+      const float* norm = head < NH ? w->q_norm : w->k_norm;
+      if (norm) rms_norm(v, norm, D, w->eps, v);
+      rope(v, c, s, D);
+    }
+    for (int kv = 0; kv < NKV; ++kv) {
+      float* kd = k_cache + (static_cast<size_t>(kv) * capacity + start + r) * D;
+      float* vd = v_cache + (static_cast<size_t>(kv) * capacity + start + r) * D;
+      for (int i = 0; i < D; ++i) {
+        kd[i] = row[(NH + kv) * D + i];
+        vd[i] = row[(NH + NKV + kv) * D + i];
+      }
+    }
+  }
+
+  // 3) attention of the block rows, then o_proj and the residual
+  // queries grouped by the K/V head they read (GQA): row t, head g*group+j -> slot t*group+j
+  const int stride = (end + 7) & ~7, m_count = q_rows * group;
+  std::vector<float> attn(static_cast<size_t>(q_rows) * NH * D), out(static_cast<size_t>(q_rows) * H);
+  std::vector<float> queries(static_cast<size_t>(m_count) * D), heads_out(static_cast<size_t>(m_count) * D);
+  std::vector<float> scores(static_cast<size_t>(m_count) * stride);
+  std::vector<int> n_keys(m_count);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (int kv = 0; kv < NKV; ++kv) {
+    for (int t = 0; t < q_rows; ++t)
+      for (int j = 0; j < group; ++j) {
+        const float* q = qkv.data() + static_cast<size_t>(c_rows + t) * QKV + (kv * group + j) * D;
+        for (int i = 0; i < D; ++i) queries[(static_cast<size_t>(t) * group + j) * D + i] = q[i];
+        n_keys[t * group + j] = causal ? start + c_rows + t + 1 : end;
+      }
+    const size_t base = static_cast<size_t>(kv) * capacity * D;
+    attend(queries.data(), n_keys.data(), m_count, k_cache + base, v_cache + base, D, scale, scores.data(), stride,
+           heads_out.data());
+    for (int t = 0; t < q_rows; ++t)
+      for (int j = 0; j < group; ++j)
+        for (int i = 0; i < D; ++i)
+          attn[(static_cast<size_t>(t) * NH + kv * group + j) * D + i] = heads_out[(static_cast<size_t>(t) * group + j) * D + i];
+  }
+  matmul_panels(attn.data(), q_rows, NH * D, w->o_proj, H, out.data());
+  for (size_t i = 0; i < out.size(); ++i) x[i] += out[i];
+
+  // 4) post-attention norm, SwiGLU MLP, residual
+  std::vector<float> gate_up(static_cast<size_t>(q_rows) * 2 * I), act(static_cast<size_t>(q_rows) * I);
+  for (int t = 0; t < q_rows; ++t) rms_norm(x + static_cast<size_t>(t) * H, w->post_norm, H, w->eps, h.data() + static_cast<size_t>(t) * H);
+  matmul_panels(h.data(), q_rows, H, w->gate_up, 2 * I, gate_up.data());
+  for (int t = 0; t < q_rows; ++t) {
+    float* g = gate_up.data() + static_cast<size_t>(t) * 2 * I;
+    silu_mul(g, g + I, I);
+    for (int i = 0; i < I; ++i) act[static_cast<size_t>(t) * I + i] = g[i];
+  }
+  matmul_panels(act.data(), q_rows, I, w->down, H, out.data());
+  for (size_t i = 0; i < out.size(); ++i) x[i] += out[i];
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,195 @@
+"""Decode-sized passes on CPU through one C++ call per decoder layer (cpu_kernels/decoder_layer.cpp).
+
+An eager PyTorch layer at 1..16 rows is ~50 small ops, each a few to ~20 µs of dispatch, plus MKL's
+small-matrix setup per projection; on a 2-core CPU that, not arithmetic, is most of a decode step.
+The C++ layer does norm → q/k/v → q/k norm + RoPE → cache write → attention → o_proj → MLP in one
+call that streams each weight once. Its rows are independent (the same instruction sequence per
+row whatever the row count), so a verify pass reproduces one-token decoding bit for bit.
+
+Used by `Target.forward` (causal, batch 1) and `DFlashDraft.forward` (non-causal block over
+[context ; block], batch 1) when `eligible`: fp32 CPU tensors, one sequence at consecutive
+positions, at most MAX_ROWS rows, no autograd, fused q/k/v and gate/up weights, plain modules.
+Everything else (prefill, batches, training, quantization simulation, GPUs) keeps the torch path.
+`DFLASH_TRT_CPU_LAYERS=0` turns it off; without a C++ compiler it is off with one warning.
+The library is built with g++ -O3 -march=native on first use (~2 s) and cached (host_build).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dflash_trt.errors import MissingDependencyError
+from dflash_trt.model.kv_cache import KVCache
+
+ENV = "DFLASH_TRT_CPU_LAYERS"
+MAX_ROWS = 32  # decode / verify / draft blocks; prefill-sized passes are faster through MKL's blocked GEMM
+
+SOURCE_DIR = Path(__file__).resolve().parent / "cpu_kernels"
+FLAGS = ("-std=c++17", "-shared", "-fPIC", "-O3", "-march=native", "-Wall", "-Wextra", "-Werror")
+
+_p, _i32 = ctypes.c_void_p, ctypes.c_int32
+
+
+class _Weights(ctypes.Structure):
+    """Mirror of DflLayerWeights in decoder_layer.cpp."""
+
+    _fields_ = [("input_norm", _p), ("qkv", _p), ("q_norm", _p), ("k_norm", _p), ("o_proj", _p),
+                ("post_norm", _p), ("gate_up", _p), ("down", _p), ("hidden", _i32), ("heads", _i32),
+                ("kv_heads", _i32), ("head_dim", _i32), ("intermediate", _i32), ("eps", ctypes.c_float)]
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled layer library, or None when turned off or not buildable (warns once)."""
+    if os.environ.get(ENV, "1") == "0":
+        return None
+    from dflash_trt.kernels.host_build import HostLibrary, build  # not at import: kernels imports the model
+
+    spec = HostLibrary("libdflash_cpu_layer.so", "decoder_layer.cpp", ("decoder_layer.cpp",), FLAGS,
+                       root=SOURCE_DIR, cpu_specific=True)
+    try:
+        handle = ctypes.CDLL(str(build(spec)))
+    except (MissingDependencyError, RuntimeError, OSError) as e:
+        warnings.warn(f"C++ CPU decoder layer unavailable, using the torch path: {e}", stacklevel=2)
+        return None
+    handle.dfl_decoder_layer.restype = _i32
+    handle.dfl_decoder_layer.argtypes = [ctypes.POINTER(_Weights), _p, _i32, _p, _i32, _p, _p, _p, _p, _i32, _i32, _i32]
+    handle.dfl_matmul_nt.restype = None
+    handle.dfl_matmul_nt.argtypes = [_p, _i32, _i32, _p, _i32, _p]
+    handle.dfl_pack_panels.restype = None
+    handle.dfl_pack_panels.argtypes = [_p, _i32, _i32, _p]
+    handle.dfl_matmul_panels.restype = None
+    handle.dfl_matmul_panels.argtypes = [_p, _i32, _i32, _p, _i32, _p]
+    return handle
+
+
+def eager() -> bool:
+    """Plain eager execution: no autograd, and nothing recording the graph (ONNX export, tracing,
+    torch.compile) — a ctypes call is invisible to them and would be baked in as a constant."""
+    return not (torch.is_grad_enabled() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+                or torch.compiler.is_compiling())
+
+
+def eligible(positions: torch.Tensor, cache: KVCache) -> bool:
+    """One sequence [1, T <= MAX_ROWS] at consecutive positions, an fp32 CPU cache, `eager`."""
+    t = positions.shape[1]
+    return (positions.shape[0] == 1 and t <= MAX_ROWS and cache.k.device.type == "cpu"
+            and cache.k.dtype == torch.float32 and eager()
+            and int(positions[0, -1]) - int(positions[0, 0]) == t - 1 and library() is not None)
+
+
+class LayerPlan:
+    """The weight pointers of one decoder layer; valid while `_objects(layer)` returns the same objects."""
+
+    def __init__(self, objects: tuple, layer: nn.Module):
+        self.objects = objects  # keeps the tensors alive and identifies them
+        qkv, gate_up, o_w, down_w, in_norm, post_norm, q_norm, k_norm = objects
+        self.panels = [pack_panels(w) for w in (qkv, o_w, gate_up, down_w)]  # a copy of the projections
+        qkv, o_w, gate_up, down_w = self.panels
+        attn = layer.self_attn
+        ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+        self.weights = _Weights(ptr(in_norm), ptr(qkv), ptr(q_norm), ptr(k_norm), ptr(o_w), ptr(post_norm),
+                                ptr(gate_up), ptr(down_w), objects[2].shape[0], attn.num_heads, attn.num_kv_heads,
+                                attn.head_dim, objects[3].shape[1], layer.input_layernorm.eps)
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] -> [ceil(N / 8), K, 8], the layout the layer's projections stream (zero-padded)."""
+    n, k = weight.shape
+    panels = torch.empty((n + 7) // 8, k, 8, dtype=torch.float32)
+    library().dfl_pack_panels(weight.detach().contiguous().data_ptr(), n, k, panels.data_ptr())
+    return panels
+
+
+def _weight(module: nn.Module) -> torch.Tensor | None:
+    """The weight of a module without hooks (None: hooked, e.g. calibration, or weightless)."""
+    if module._forward_hooks or module._forward_pre_hooks:
+        return None
+    return module._parameters.get("weight")
+
+
+def _objects(layer: nn.Module) -> tuple:
+    """The tensors the C++ layer reads (module dicts read directly: this runs every pass)."""
+    mods = layer._modules
+    attn, mlp = mods["self_attn"], mods["mlp"]
+    am = attn._modules
+    return (attn.qkv, mlp.gate_up, _weight(am["o_proj"]), _weight(mlp._modules["down_proj"]),
+            _weight(mods["input_layernorm"]), _weight(mods["post_attention_layernorm"]),
+            _weight(am["q_norm"]), _weight(am["k_norm"]))
+
+
+def _supported(layer: nn.Module, objects: tuple) -> bool:
+    """Whether the C++ layer computes exactly what `layer` does: fused fp32 CPU weights, plain
+    bias-free projections, RMSNorms with one eps (q/k norms may be absent: Llama)."""
+    from dflash_trt.model.layers import RMSNorm
+
+    attn, mlp = layer.self_attn, layer.mlp
+    linears = (attn.o_proj, mlp.down_proj)
+    norms = [layer.input_layernorm, layer.post_attention_layernorm]
+    norms += [n for n in (attn.q_norm, attn.k_norm) if type(n) is not nn.Identity]
+    tensors = [t for t in objects if t is not None]
+    return (all(t is not None for t in objects[:6]) and len(tensors) == 4 + len(norms)
+            and all(type(m) is nn.Linear and m.bias is None for m in linears)
+            and all(type(n) is RMSNorm for n in norms) and len({n.eps for n in norms}) == 1
+            and all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors))
+
+
+def plans(layers: nn.ModuleList) -> list[LayerPlan] | None:
+    """One plan per layer (cached on the layer, checked by identity every pass, rebuilt when its
+    tensors change), or None if any layer is not one the C++ layer implements."""
+    out = []
+    for layer in layers:
+        objects = _objects(layer)
+        plan = layer.__dict__.get("_cpu_plan")
+        if plan is None or any(a is not b for a, b in zip(plan.objects, objects)):
+            if not _supported(layer, objects):
+                return None
+            plan = LayerPlan(objects, layer)
+            layer.__dict__["_cpu_plan"] = plan
+        out.append(plan)
+    return out
+
+
+def run_layer(
+    plan: LayerPlan,
+    x: torch.Tensor,  # [Q, H] fp32 contiguous, updated in place
+    context: torch.Tensor | None,  # [C, H] context features (K/V only), or None
+    cache: KVCache,
+    layer: int,
+    slot: int,
+    start: int,  # absolute position of the first row of [context ; x]
+    cos: torch.Tensor,  # [C + Q, D] RoPE rows of those positions
+    sin: torch.Tensor,
+    causal: bool,
+) -> None:
+    """One decoder layer over [context ; x]; K/V of every row go to `cache` at their positions."""
+    c_rows = 0 if context is None else context.shape[0]
+    k, v = cache.k[layer, slot], cache.v[layer, slot]  # [kv_heads, capacity, D], contiguous
+    if start + c_rows + x.shape[0] > cache.capacity:
+        raise IndexError(f"KV cache capacity {cache.capacity} exceeded (position {start + c_rows + x.shape[0] - 1})")
+    rc = library().dfl_decoder_layer(
+        ctypes.byref(plan.weights), x.data_ptr(), x.shape[0], None if context is None else context.data_ptr(),
+        c_rows, cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(), cache.capacity, start, int(causal),
+    )
+    if rc != 0:
+        raise ValueError(f"dfl_decoder_layer rejected its sizes (rows {x.shape[0]} + {c_rows}, start {start})")
+
+
+def matmul_ready(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `matmul_nt` can take x [R, K] and weight [N, K]: contiguous fp32 CPU, `eager`."""
+    return (x.is_contiguous() and weight.is_contiguous() and eager()
+            and x.shape[-1] == weight.shape[-1] and library() is not None)
+
+
+def matmul_nt(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [R, K] @ weight[N, K]ᵀ -> [R, N] through the layer's row-independent projection (fp32 CPU)."""
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    library().dfl_matmul_nt(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), weight.shape[0], out.data_ptr())
+    return out

@@ -1,0 +1,177 @@
+"""The C++ CPU decoder layer (model/cpu_layers.py) equals the torch path, keeps rows independent,
+and steps aside for everything it does not implement."""
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from dflash_trt.checkpoint.hf import read_target
+from dflash_trt.model import cpu_layers
+from dflash_trt.model.loader import load_target
+from tiny_models import make_target
+
+TAPS = (0, 2, 3)
+
+
+@pytest.fixture(scope="module", params=["qwen3_gqa", "llama_mha_odd_dims"])
+def target(request, tmp_path_factory):
+    overrides = {} if request.param == "qwen3_gqa" else {"num_key_value_heads": 4, "intermediate_size": 100}
+    family = "qwen3" if request.param == "qwen3_gqa" else "llama"
+    folder = tmp_path_factory.mktemp(request.param)
+    make_target(folder, family, seed=5, **overrides)
+    return load_target(read_target(folder)).fuse()
+
+
+@pytest.fixture
+def torch_path(monkeypatch):
+    """Run a function with the C++ layer switched off (the torch path)."""
+
+    def run(fn):
+        with monkeypatch.context() as m:
+            m.setattr(cpu_layers, "library", lambda: None)
+            return fn()
+
+    return run
+
+
+def decode_in_blocks(model, tokens, prefill, width):
+    """Prefill `prefill` tokens, then the rest in blocks of `width` rows -> logits, taps of those rows."""
+    cache = model.new_cache(1, 96)
+    slots = torch.tensor([0])
+    with torch.inference_mode():
+        model(tokens[:, :prefill], torch.arange(prefill)[None], cache, slots)
+        logits, taps, pos = [], [], prefill
+        while pos < tokens.shape[1]:
+            n = min(width, tokens.shape[1] - pos)
+            out, hidden = model(tokens[:, pos : pos + n], torch.arange(pos, pos + n)[None], cache, slots, TAPS)
+            logits.append(out)
+            taps.append(hidden)
+            pos += n
+    return torch.cat(logits, 1), torch.cat(taps, 1)
+
+
+def test_library_builds_here():
+    assert cpu_layers.library() is not None, "g++ is needed on CI machines (the verify twin needs it too)"
+
+
+def test_target_cpu_layers_equal_the_torch_path(target, torch_path):
+    tokens = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(0))
+    want_logits, want_taps = torch_path(lambda: decode_in_blocks(target, tokens, 37, 5))
+    assert cpu_layers.plans(target.model.layers) is not None
+    for width in (1, 4, 9, 23):
+        logits, taps = decode_in_blocks(target, tokens, 37, width)
+        torch.testing.assert_close(logits, want_logits, rtol=0, atol=2e-5)
+        torch.testing.assert_close(taps, want_taps, rtol=0, atol=2e-5)
+
+
+def test_verify_block_rows_equal_one_token_decoding_bit_for_bit(target):
+    tokens = torch.randint(0, 256, (1, 56), generator=torch.Generator().manual_seed(1))
+    _, one_by_one = decode_in_blocks(target, tokens, 20, 1)
+    for width in (3, 8, 16):
+        _, block = decode_in_blocks(target, tokens, 20, width)
+        assert torch.equal(block, one_by_one)  # the taps: every layer's output, row by row
+
+
+def test_draft_cpu_layers_equal_the_torch_path(loaded_tiny_pair, torch_path):
+    draft, target = loaded_tiny_pair.draft, loaded_tiny_pair.target
+    g = torch.Generator().manual_seed(2)
+    n_taps = len(draft.config.target_layer_ids) * target.config.dims.hidden_size
+    target_hidden = torch.randn(1, 40, n_taps, generator=g)
+    block = target.embed(torch.randint(0, 256, (1, 8), generator=g))
+
+    def run():
+        cache, slots = draft.new_cache(1, 64), torch.tensor([0])
+        with torch.inference_mode():
+            draft.append_context(target_hidden[:, :20], torch.arange(20)[None], cache, slots)
+            first = draft(block, torch.arange(20, 28)[None], cache, slots)
+            committed = torch.tensor([[True, True, True, False, False]])
+            context = (target_hidden[:, 20:25], torch.arange(20, 25)[None], committed)
+            second = draft(block, torch.arange(23, 31)[None], cache, slots, context)
+        return first, second, cache.k[:, 0, :, :31].clone()
+
+    want = torch_path(run)
+    assert cpu_layers.plans(draft.layers) is not None and draft.full_attention
+    for got, ref in zip(run(), want):
+        torch.testing.assert_close(got, ref, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("rows,k,n", [(1, 64, 96), (2, 48, 33), (3, 20, 7), (5, 37, 11), (9, 200, 64), (16, 512, 3)])
+def test_matmul_equals_f_linear_and_rows_are_independent(rows, k, n):
+    g = torch.Generator().manual_seed(rows)
+    x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
+    out = cpu_layers.matmul_nt(x, w)
+    torch.testing.assert_close(out, F.linear(x, w), rtol=1e-5, atol=1e-5)
+    for t in range(rows):
+        assert torch.equal(cpu_layers.matmul_nt(x[t : t + 1].contiguous(), w)[0], out[t])
+
+
+@pytest.mark.parametrize("rows,k,n", [(1, 64, 96), (2, 48, 33), (3, 20, 7), (5, 37, 16), (9, 200, 65), (16, 512, 3)])
+def test_panel_matmul_equals_f_linear_and_rows_are_independent(rows, k, n):
+    """The layer's projections: weights packed in panels of 8 outputs, tiles of up to 4 rows x 2 panels."""
+    lib = cpu_layers.library()
+    g = torch.Generator().manual_seed(rows + 100)
+    x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
+    panels = cpu_layers.pack_panels(w)
+    assert panels.shape == ((n + 7) // 8, k, 8)
+
+    def matmul(inp):
+        out = torch.empty(inp.shape[0], n)
+        lib.dfl_matmul_panels(inp.data_ptr(), inp.shape[0], k, panels.data_ptr(), n, out.data_ptr())
+        return out
+
+    out = matmul(x)
+    torch.testing.assert_close(out, F.linear(x, w), rtol=1e-5, atol=1e-5)
+    for t in range(rows):
+        assert torch.equal(matmul(x[t : t + 1].contiguous())[0], out[t])
+
+
+def test_unsupported_layers_and_passes_keep_the_torch_path(target):
+    layers = target.model.layers
+    positions = torch.arange(4, 8)[None]
+    cache = target.new_cache(1, 16)
+    with torch.inference_mode():
+        assert cpu_layers.eligible(positions, cache)
+        assert not cpu_layers.eligible(torch.arange(4, 8)[None].expand(2, -1), cache)  # a batch
+        assert not cpu_layers.eligible(torch.tensor([[4, 5, 7]]), cache)  # not consecutive
+        assert not cpu_layers.eligible(torch.arange(cpu_layers.MAX_ROWS + 1)[None], cache)  # prefill-sized
+    assert not cpu_layers.eligible(positions, cache)  # autograd on (training)
+    handle = layers[1].self_attn.o_proj.register_forward_hook(lambda *args: None)  # calibration hooks
+    assert cpu_layers.plans(layers) is None
+    handle.remove()
+    assert cpu_layers.plans(layers) is not None
+    original = layers[0].mlp.down_proj
+    layers[0].mlp.down_proj = nn.Linear(original.in_features, original.out_features, bias=True)
+    try:
+        assert cpu_layers.plans(layers) is None
+    finally:
+        layers[0].mlp.down_proj = original
+    bf16 = target.new_cache(1, 16)
+    bf16.k = bf16.k.bfloat16()
+    with torch.inference_mode():
+        assert not cpu_layers.eligible(positions, bf16)
+
+
+def test_a_replaced_weight_rebuilds_the_plan(target):
+    layer = target.model.layers[0]
+    plan = cpu_layers.plans(target.model.layers)[0]
+    assert cpu_layers.plans(target.model.layers)[0] is plan  # cached while nothing changed
+    old = layer.self_attn.o_proj.weight
+    layer.self_attn.o_proj.weight = nn.Parameter(old.detach().clone(), requires_grad=False)
+    try:
+        fresh = cpu_layers.plans(target.model.layers)[0]
+        assert fresh is not plan and fresh.objects[2] is layer.self_attn.o_proj.weight
+        assert torch.equal(fresh.panels[1], plan.panels[1])  # same values, packed again
+    finally:
+        layer.self_attn.o_proj.weight = old
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv(cpu_layers.ENV, "0")
+    cpu_layers.library.cache_clear()
+    try:
+        assert cpu_layers.library() is None
+    finally:
+        monkeypatch.delenv(cpu_layers.ENV)
+        cpu_layers.library.cache_clear()
+    assert cpu_layers.library() is not None
