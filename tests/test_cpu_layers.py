@@ -3,13 +3,13 @@ and steps aside for everything it does not implement."""
 
 import pytest
 import torch
+from tiny_models import make_target
 from torch import nn
 from torch.nn import functional as F
 
 from dflash_trt.checkpoint.hf import read_target
 from dflash_trt.model import cpu_layers
 from dflash_trt.model.loader import load_target
-from tiny_models import make_target
 
 TAPS = (0, 2, 3)
 

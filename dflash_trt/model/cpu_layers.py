@@ -50,7 +50,10 @@ def library() -> ctypes.CDLL | None:
     """The compiled layer library, or None when turned off or not buildable (warns once)."""
     if os.environ.get(ENV, "1") == "0":
         return None
-    from dflash_trt.kernels.host_build import HostLibrary, build  # not at import: kernels imports the model
+    from dflash_trt.kernels.host_build import (  # not at import: kernels imports the model
+        HostLibrary,
+        build,
+    )
 
     spec = HostLibrary("libdflash_cpu_layer.so", "decoder_layer.cpp", ("decoder_layer.cpp",), FLAGS,
                        root=SOURCE_DIR, cpu_specific=True)
@@ -94,7 +97,7 @@ class LayerPlan:
         self.panels = [pack_panels(w) for w in (qkv, o_w, gate_up, down_w)]  # a copy of the projections
         qkv, o_w, gate_up, down_w = self.panels
         attn = layer.self_attn
-        ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+        ptr = lambda t: None if t is None else t.data_ptr()
         self.weights = _Weights(ptr(in_norm), ptr(qkv), ptr(q_norm), ptr(k_norm), ptr(o_w), ptr(post_norm),
                                 ptr(gate_up), ptr(down_w), objects[2].shape[0], attn.num_heads, attn.num_kv_heads,
                                 attn.head_dim, objects[3].shape[1], layer.input_layernorm.eps)

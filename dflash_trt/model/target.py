@@ -18,7 +18,13 @@ from torch import nn
 from dflash_trt.checkpoint.configs import TargetConfig
 from dflash_trt.model import cpu_layers
 from dflash_trt.model.kv_cache import KVCache
-from dflash_trt.model.layers import MLP, AttentionProjections, RMSNorm, Rotary, call_linear
+from dflash_trt.model.layers import (
+    MLP,
+    AttentionProjections,
+    RMSNorm,
+    Rotary,
+    call_linear,
+)
 
 
 class DecoderLayer(nn.Module):
@@ -63,7 +69,7 @@ class Target(nn.Module):
         w = self.lm_head.weight
         return KVCache(d.num_layers, n_slots, capacity, d.num_kv_heads, d.head_dim, w.dtype, w.device)
 
-    def fuse(self) -> "Target":
+    def fuse(self) -> Target:
         """Fuse q/k/v and gate/up matmuls for inference (parameters keep their HF names)."""
         for layer in self.model.layers:
             layer.self_attn.fuse()
