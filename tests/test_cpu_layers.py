@@ -175,3 +175,54 @@ def test_switched_off_by_the_environment(monkeypatch):
         monkeypatch.delenv(cpu_layers.ENV)
         cpu_layers.library.cache_clear()
     assert cpu_layers.library() is not None
+
+
+def _python_path(fn):
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(cpu_layers, "library", lambda: None)
+        return fn()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_greedy_heads_equal_the_torch_rules(seed):
+    """verify_lazily (temperature 0) and confident_drafts for one sequence, C++ vs torch."""
+    from dflash_trt.model.draft import confident_drafts
+    from dflash_trt.spec.verify import verify_lazily
+
+    g = torch.Generator().manual_seed(seed)
+    hidden_size, vocab, width = 24, 50 + seed, 2 + seed % 15
+    head = nn.Linear(hidden_size, vocab, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(vocab, hidden_size, generator=g) * (0.5 + seed % 4))
+    hidden = torch.randn(1, width, hidden_size, generator=g)
+    sampling = (torch.zeros(1), torch.zeros(1, dtype=torch.int64), torch.ones(1), torch.zeros(1, dtype=torch.int64))
+    with torch.inference_mode():
+        truth = F.linear(hidden, head.weight).argmax(-1)
+        drafts = truth[:, 1:].clone()
+        cut = int(torch.randint(0, width, (1,), generator=g))
+        if cut < width - 1:
+            drafts[0, cut] = (drafts[0, cut] + 1) % vocab
+        got = verify_lazily(hidden, head, drafts, torch.tensor([7]), *sampling)
+        want = _python_path(lambda: verify_lazily(hidden, head, drafts, torch.tensor([7]), *sampling))
+        a = int(want[1][0])
+        assert int(got[1][0]) == a and torch.equal(got[0][0, : a + 1], want[0][0, : a + 1])
+        for min_confidence in (0.0, 0.02, 0.3):
+            logits_of = lambda lo, hi: F.linear(hidden[:, lo:hi], head.weight)
+            want = confident_drafts(logits_of, width, min_confidence)
+            got = cpu_layers.greedy_drafts(hidden[0], head, min_confidence, 6)
+            assert torch.equal(got, want[0]), (min_confidence, got, want)
+
+
+def test_rms_norm_equals_torch_and_steps_aside_for_autograd():
+    from dflash_trt.model.layers import RMSNorm
+
+    norm = RMSNorm(40, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(40, generator=torch.Generator().manual_seed(0)))
+    x = torch.randn(3, 5, 40, generator=torch.Generator().manual_seed(1))
+    want = F.rms_norm(x, (40,), norm.weight, 1e-6)
+    with torch.inference_mode():
+        got = cpu_layers.rms_norm(x, norm.weight.detach(), 1e-6)
+        torch.testing.assert_close(got, want.detach(), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(norm(x), want.detach(), rtol=1e-6, atol=1e-6)
+    assert cpu_layers.rms_norm(x, norm.weight, 1e-6) is None  # autograd on: the torch op

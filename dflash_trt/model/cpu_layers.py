@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 import warnings
 from pathlib import Path
@@ -70,6 +71,12 @@ def library() -> ctypes.CDLL | None:
     handle.dfl_pack_panels.argtypes = [_p, _i32, _i32, _p]
     handle.dfl_matmul_panels.restype = None
     handle.dfl_matmul_panels.argtypes = [_p, _i32, _i32, _p, _i32, _p]
+    handle.dfl_rms_norm.restype = None
+    handle.dfl_rms_norm.argtypes = [_p, _i32, _i32, _p, ctypes.c_float, _p]
+    handle.dfl_greedy_verify.restype = _i32
+    handle.dfl_greedy_verify.argtypes = [_p, _i32, _i32, _p, _i32, _p, _i32, _p]
+    handle.dfl_greedy_drafts.restype = _i32
+    handle.dfl_greedy_drafts.argtypes = [_p, _i32, _i32, _p, _i32, ctypes.c_float, _i32, _p]
     return handle
 
 
@@ -185,6 +192,18 @@ def run_layer(
         raise ValueError(f"dfl_decoder_layer rejected its sizes (rows {x.shape[0]} + {c_rows}, start {start})")
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """weight * x / rms(x) over the last dim through the layer's norm (contiguous fp32 CPU x and
+    weight, `eager`), or None when it does not apply (a torch rms_norm call is ~20-60 µs here)."""
+    if not (x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
+            and weight.is_contiguous() and eager()) or library() is None:
+        return None
+    out = torch.empty_like(x)
+    n = x.shape[-1]
+    library().dfl_rms_norm(x.data_ptr(), x.numel() // n, n, weight.data_ptr(), eps, out.data_ptr())
+    return out
+
+
 def matmul_ready(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `matmul_nt` can take x [R, K] and weight [N, K]: contiguous fp32 CPU, `eager`."""
     return (x.is_contiguous() and weight.is_contiguous() and eager()
@@ -196,3 +215,59 @@ def matmul_nt(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
     library().dfl_matmul_nt(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), weight.shape[0], out.data_ptr())
     return out
+
+
+# --- heads ----------------------------------------------------------------------------------------
+
+
+def head_weight(head) -> torch.Tensor | None:
+    """The weight of a head the C++ code can read: a plain bias-free nn.Linear without hooks, or a
+    non-module object with a `.weight` (the draft-vocabulary head) — fp32 on CPU; else None."""
+    if isinstance(head, nn.Module) and (type(head) is not nn.Linear or head.bias is not None
+                                        or head._forward_hooks or head._forward_pre_hooks):
+        return None
+    weight = head.weight
+    return weight if weight.dtype == torch.float32 and weight.device.type == "cpu" else None
+
+
+def _head_panels(head, weight: torch.Tensor) -> torch.Tensor:
+    """`weight` packed once as panels and cached on the head (re-packed when the weight changes)."""
+    cached = head.__dict__.get("_cpu_panels")
+    if cached is None or cached[0] is not weight:
+        cached = (weight, pack_panels(weight))
+        head.__dict__["_cpu_panels"] = cached
+    return cached[1]
+
+
+def head_ready(hidden: torch.Tensor, head) -> torch.Tensor | None:
+    """The head's weight when `hidden` [1, R, H] (one sequence, fp32 CPU) can go through the C++
+    greedy heads (`eager`, library built); else None."""
+    if hidden.shape[0] != 1 or hidden.dtype != torch.float32 or hidden.device.type != "cpu" or not eager():
+        return None
+    weight = head_weight(head)
+    return weight if weight is not None and library() is not None else None
+
+
+def greedy_verify(hidden: torch.Tensor, head, drafts: torch.Tensor, first: int) -> tuple[torch.Tensor, int]:
+    """hidden [R, H] final-norm rows of [bonus, d_1 .. d_K], drafts [K] -> target tokens [R] (-1 after
+    the first mismatch) and the accepted count: greedy `verify_lazily` for one sequence."""
+    weight = head_weight(head)
+    panels = _head_panels(head, weight)
+    hidden, drafts = hidden.contiguous(), drafts.to(torch.int64).contiguous()
+    tokens = torch.full((hidden.shape[0],), -1, dtype=torch.int64)
+    accepted = library().dfl_greedy_verify(hidden.data_ptr(), hidden.shape[0], hidden.shape[1], panels.data_ptr(),
+                                           weight.shape[0], drafts.data_ptr(), first, tokens.data_ptr())
+    return tokens, accepted
+
+
+def greedy_drafts(hidden: torch.Tensor, head, min_confidence: float, first: int) -> torch.Tensor:
+    """hidden [K, H] draft rows -> greedy drafts [K' <= K] (indices into the head's rows) with the
+    confidence cut: `model.draft.confident_drafts` for one sequence."""
+    weight = head_weight(head)
+    panels = _head_panels(head, weight)
+    hidden = hidden.contiguous()
+    tokens = torch.empty(hidden.shape[0], dtype=torch.int64)
+    floor = math.log(min_confidence) if min_confidence > 0.0 else -math.inf
+    kept = library().dfl_greedy_drafts(hidden.data_ptr(), hidden.shape[0], hidden.shape[1], panels.data_ptr(),
+                                       weight.shape[0], floor, first, tokens.data_ptr())
+    return tokens[:kept]

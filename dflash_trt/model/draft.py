@@ -230,7 +230,12 @@ class DFlashDraft(nn.Module):
         With a draft vocabulary (`use_vocab`) only its tokens are scored."""
         vocab = self.vocab
         head = lm_head if vocab is None else vocab[1]
-        drafts = confident_drafts(lambda lo, hi: self.logits(hidden[:, lo:hi], head), hidden.shape[1], min_confidence)
+        plain = self.config.output_multiplier == 1.0 and not self.config.final_logit_softcapping
+        if plain and cpu_layers.head_ready(hidden, head) is not None:  # one sequence on CPU: the same in C++
+            drafts = cpu_layers.greedy_drafts(hidden[0], head, min_confidence, CONFIDENCE_FIRST)[None]
+        else:
+            drafts = confident_drafts(lambda lo, hi: self.logits(hidden[:, lo:hi], head), hidden.shape[1],
+                                      min_confidence, CONFIDENCE_FIRST)
         return drafts if vocab is None else vocab[0][drafts]
 
 
@@ -244,7 +249,10 @@ class _Head:
         return linear(x, self.weight)
 
 
-def confident_drafts(logits_of, k: int, min_confidence: float = 0.0, first: int = 6) -> torch.Tensor:
+CONFIDENCE_FIRST = 6  # slots the confidence cut reads before deciding whether to read the rest
+
+
+def confident_drafts(logits_of, k: int, min_confidence: float = 0.0, first: int = CONFIDENCE_FIRST) -> torch.Tensor:
     """Greedy drafts [B, K'] from `logits_of(lo, hi)` -> draft logits [B, hi - lo, V] of slots lo+1..hi.
 
     With `min_confidence` <= 0: all K slots (K' = K). Otherwise the drafts stop after the last slot

@@ -248,12 +248,84 @@ void exp_inplace(float* v, int n) {
 #endif
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// q . k_s for the 8 keys k_s = k + s * d, s < 8 (d a multiple of 8): eight accumulators, then one
+// reduction tree, the 8 sums in key order.
+inline __m256 dot8_keys(const float* q, const float* k, int d) {
+  __m256 a[8];
+  for (int s = 0; s < 8; ++s) a[s] = _mm256_setzero_ps();
+  for (int i = 0; i < d; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    for (int s = 0; s < 8; ++s) a[s] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + static_cast<size_t>(s) * d + i), a[s]);
+  }
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+// One query over keys 0..n-1 (head dim 8 DV): scores 8 keys at a time, softmax, and the weighted
+// values summed in registers. scores: n rounded up to 8 floats of scratch.
+template <int DV>
+void attend_query(const float* q, int n, const float* keys, const float* values, float scale, float* scores,
+                  float* out) {
+  constexpr int d = 8 * DV;
+  const __m256 vscale = _mm256_set1_ps(scale);
+  int s = 0;
+  for (; s + 8 <= n; s += 8) _mm256_storeu_ps(scores + s, _mm256_mul_ps(dot8_keys(q, keys + static_cast<size_t>(s) * d, d), vscale));
+  for (; s < n; ++s) scores[s] = dot(q, keys + static_cast<size_t>(s) * d, d) * scale;
+  float top = -INFINITY;
+  for (s = 0; s < n; ++s) top = scores[s] > top ? scores[s] : top;
+  for (s = 0; s < n; ++s) scores[s] -= top;
+  for (s = n; s < ((n + 7) & ~7); ++s) scores[s] = 0.0f;
+  exp_inplace(scores, n);
+  float total = 0.0f;
+  for (s = 0; s < n; ++s) total += scores[s];
+  __m256 acc[DV];
+  for (int j = 0; j < DV; ++j) acc[j] = _mm256_setzero_ps();
+  for (s = 0; s < n; ++s) {
+    const __m256 p = _mm256_set1_ps(scores[s]);
+    const float* v = values + static_cast<size_t>(s) * d;
+    for (int j = 0; j < DV; ++j) acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * j), acc[j]);
+  }
+  const __m256 inv = _mm256_set1_ps(1.0f / total);
+  for (int j = 0; j < DV; ++j) _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(acc[j], inv));
+}
+
+template <int DV>
+bool attend_each(const float* queries, const int* n_keys, int m_count, const float* keys, const float* values,
+                 float scale, float* scores, int stride, float* out) {
+  for (int m = 0; m < m_count; ++m)
+    attend_query<DV>(queries + static_cast<size_t>(m) * 8 * DV, n_keys[m], keys, values, scale,
+                     scores + static_cast<size_t>(m) * stride, out + static_cast<size_t>(m) * 8 * DV);
+  return true;
+}
+#endif
+
+// The head dims with a register-resident path (others take `attend`'s general loops).
+bool attend_fast(const float* queries, const int* n_keys, int m_count, const float* keys, const float* values,
+                 int d, float scale, float* scores, int stride, float* out) {
+#if defined(__AVX2__) && defined(__FMA__)
+  switch (d) {
+    case 32: return attend_each<4>(queries, n_keys, m_count, keys, values, scale, scores, stride, out);
+    case 48: return attend_each<6>(queries, n_keys, m_count, keys, values, scale, scores, stride, out);
+    case 64: return attend_each<8>(queries, n_keys, m_count, keys, values, scale, scores, stride, out);
+    case 128: return attend_each<16>(queries, n_keys, m_count, keys, values, scale, scores, stride, out);
+    default: return false;
+  }
+#else
+  (void)queries, (void)n_keys, (void)m_count, (void)keys, (void)values, (void)d, (void)scale, (void)scores,
+      (void)stride, (void)out;
+  return false;
+#endif
+}
+
 // Attention of M query vectors sharing one K/V head: query m (queries [M, d]) sees keys 0..n_keys[m]-1
 // (keys / values [*, d]); out [M, d]. scores [M, stride] is scratch, stride >= max n_keys rounded up
 // to 8. Each query's scores, softmax and weighted sum run in a fixed order of its own, so its
 // result does not depend on which other queries share the call.
 void attend(const float* queries, const int* n_keys, int m_count, const float* keys, const float* values, int d,
             float scale, float* scores, int stride, float* out) {
+  if (attend_fast(queries, n_keys, m_count, keys, values, d, scale, scores, stride, out)) return;
   int most = 0;
   for (int m = 0; m < m_count; ++m) most = n_keys[m] > most ? n_keys[m] : most;
   float sums[4];
@@ -315,6 +387,11 @@ void dfl_matmul_nt(const float* x, int32_t rows, int32_t k, const float* w, int3
 
 // panels [ceil(n / 8) * k * 8] = w [n, k] in the layer's panel layout.
 void dfl_pack_panels(const float* w, int32_t n, int32_t k, float* panels) { pack_panels(w, n, k, panels); }
+
+// out [rows, n] = weight * x / rms(x) row by row (x [rows, n]; the layer's RMSNorm).
+void dfl_rms_norm(const float* x, int32_t rows, int32_t n, const float* weight, float eps, float* out) {
+  for (int r = 0; r < rows; ++r) rms_norm(x + static_cast<size_t>(r) * n, weight, n, eps, out + static_cast<size_t>(r) * n);
+}
 
 // out [rows, n] = x [rows, k] @ w^T, w given as panels (the layer's projection).
 void dfl_matmul_panels(const float* x, int32_t rows, int32_t k, const float* panels, int32_t n, float* out) {
@@ -397,6 +474,97 @@ int32_t dfl_decoder_layer(const DflLayerWeights* w, float* x, int32_t q_rows, co
   matmul_panels(act.data(), q_rows, I, w->down, H, out.data());
   for (size_t i = 0; i < out.size(); ++i) x[i] += out[i];
   return 0;
+}
+
+}  // extern "C"
+
+// ---- heads: greedy tokens from hidden rows through an lm_head given as panels ----------------------
+
+namespace {
+
+// Index of the largest value, NaN counting as -inf, the first one on ties; 0 when none is above -inf
+// (torch's argmax of canonical_logits).
+int64_t argmax(const float* v, int n) {
+  int64_t best = 0;
+  float top = -INFINITY;
+  for (int i = 0; i < n; ++i)
+    if (v[i] > top) {
+      top = v[i];
+      best = i;
+    }
+  return best;
+}
+
+// log of the softmax maximum of one row: -log(sum exp(v - max)); -inf when the row has a NaN or no
+// finite maximum (spec: (top - logsumexp).nan_to_num(nan=-inf)). scratch: n rounded up to 8 floats.
+float log_top_probability(const float* v, int n, float* scratch) {
+  float top = -INFINITY;
+  for (int i = 0; i < n; ++i) {
+    if (std::isnan(v[i])) return -INFINITY;
+    top = v[i] > top ? v[i] : top;
+  }
+  if (!std::isfinite(top)) return -INFINITY;
+  for (int i = 0; i < n; ++i) scratch[i] = v[i] - top;
+  for (int i = n; i < ((n + 7) & ~7); ++i) scratch[i] = 0.0f;
+  exp_inplace(scratch, n);
+  float total = 0.0f;
+  for (int i = 0; i < n; ++i) total += scratch[i];
+  return -std::log(total);
+}
+
+}  // namespace
+
+extern "C" {
+
+// Greedy verify of one block (spec.verify.verify_lazily at temperature 0): rows of hidden [rows, h]
+// through the head in chunks of first, first, 2 first, ... until a draft mismatches. tokens [rows]
+// gets the target's token of every row computed up to the first mismatch (the caller fills -1);
+// returns the number of accepted drafts (drafts [rows - 1]).
+int32_t dfl_greedy_verify(const float* hidden, int32_t rows, int32_t h, const float* panels, int32_t vocab,
+                          const int64_t* drafts, int32_t first, int64_t* tokens) {
+  std::vector<float> logits;
+  int lo = 0, size = first;
+  while (lo < rows) {
+    const int hi = lo + size < rows ? lo + size : rows;
+    logits.resize(static_cast<size_t>(hi - lo) * vocab);
+    matmul_panels(hidden + static_cast<size_t>(lo) * h, hi - lo, h, panels, vocab, logits.data());
+    for (int r = lo; r < hi; ++r) {
+      tokens[r] = argmax(logits.data() + static_cast<size_t>(r - lo) * vocab, vocab);
+      if (r == rows - 1 || drafts[r] != tokens[r]) return r;
+    }
+    size = lo ? 2 * size : size;
+    lo = hi;
+  }
+  return rows - 1;
+}
+
+// Greedy drafts of one block with the confidence cut (model.draft.confident_drafts for one row):
+// tokens [k] = argmax of each slot's head row (indices into the head's rows). With log_floor = -inf
+// every slot is kept; otherwise slots are read in chunks (first, then the rest) and the drafts stop
+// after the last slot whose running sum of log top-probabilities is >= log_floor (at least one).
+// Returns the number kept.
+int32_t dfl_greedy_drafts(const float* hidden, int32_t k, int32_t h, const float* panels, int32_t vocab,
+                          float log_floor, int32_t first, int64_t* tokens) {
+  const bool cut = log_floor > -INFINITY && k > 1;
+  std::vector<float> logits, scratch(static_cast<size_t>((vocab + 7) & ~7));
+  float running = 0.0f;
+  int lo = 0;
+  while (lo < k) {
+    const int hi = !cut ? k : (lo ? k : (first < k ? first : k));
+    logits.resize(static_cast<size_t>(hi - lo) * vocab);
+    matmul_panels(hidden + static_cast<size_t>(lo) * h, hi - lo, h, panels, vocab, logits.data());
+    int trusted = 0;  // slots of this chunk whose running log-probability is still >= the floor (a prefix)
+    for (int r = lo; r < hi; ++r) {
+      const float* row = logits.data() + static_cast<size_t>(r - lo) * vocab;
+      tokens[r] = argmax(row, vocab);
+      if (!cut) continue;
+      running += log_top_probability(row, vocab, scratch.data());
+      if (running >= log_floor && trusted == r - lo) ++trusted;
+    }
+    if (cut && trusted < hi - lo) return lo + trusted > 1 ? lo + trusted : 1;
+    lo = hi;
+  }
+  return k;
 }
 
 }  // extern "C"
