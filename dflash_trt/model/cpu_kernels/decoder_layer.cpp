@@ -147,21 +147,22 @@ inline void panel_tile(const float* __restrict x, int k, const float* __restrict
   alignas(32) float result[RG * P * 8];
 #if defined(__AVX2__) && defined(__FMA__)
   __m256 acc[RG * P];
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int i = 0; i < RG * P; ++i) acc[i] = _mm256_setzero_ps();
   const float* base = panels + static_cast<size_t>(p0) * k * 8;
   const size_t next = static_cast<size_t>(k) * 8;  // from one panel to the next
   for (int kk = 0; kk < k; ++kk) {
-    const __m256 w0 = _mm256_loadu_ps(base + static_cast<size_t>(kk) * 8);
-    const __m256 w1 = P > 1 ? _mm256_loadu_ps(base + next + static_cast<size_t>(kk) * 8) : w0;
+    __m256 wv[P];
+#pragma GCC unroll 3
+    for (int q = 0; q < P; ++q) wv[q] = _mm256_load_ps(base + q * next + static_cast<size_t>(kk) * 8);
 #pragma GCC unroll 4
     for (int r = 0; r < RG; ++r) {
       const __m256 xb = _mm256_broadcast_ss(x + static_cast<size_t>(r) * k + kk);
-      acc[r * P] = _mm256_fmadd_ps(xb, w0, acc[r * P]);
-      if (P > 1) acc[r * P + 1] = _mm256_fmadd_ps(xb, w1, acc[r * P + 1]);
+#pragma GCC unroll 3
+      for (int q = 0; q < P; ++q) acc[r * P + q] = _mm256_fmadd_ps(xb, wv[q], acc[r * P + q]);
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int i = 0; i < RG * P; ++i) _mm256_store_ps(result + i * 8, acc[i]);
 #else
   for (int r = 0; r < RG; ++r)
@@ -185,8 +186,9 @@ template <int RG>
 void panel_rows(const float* x, int k, const float* panels, int n, float* out) {
   const int count = (n + 7) / 8;
   int p = 0;
-  for (; p + 2 <= count; p += 2) panel_tile<RG, 2>(x, k, panels, p, n, out);
-  if (p < count) panel_tile<RG, 1>(x, k, panels, p, n, out);
+  for (; p + 3 <= count; p += 3) panel_tile<RG, 3>(x, k, panels, p, n, out);
+  if (p + 2 <= count) panel_tile<RG, 2>(x, k, panels, p, n, out);
+  else if (p < count) panel_tile<RG, 1>(x, k, panels, p, n, out);
 }
 
 // out [rows, n] = x [rows, k] @ w^T with w packed by pack_panels; rows in groups of up to 4.
@@ -273,22 +275,45 @@ void attend_query(const float* q, int n, const float* keys, const float* values,
   int s = 0;
   for (; s + 8 <= n; s += 8) _mm256_storeu_ps(scores + s, _mm256_mul_ps(dot8_keys(q, keys + static_cast<size_t>(s) * d, d), vscale));
   for (; s < n; ++s) scores[s] = dot(q, keys + static_cast<size_t>(s) * d, d) * scale;
-  float top = -INFINITY;
-  for (s = 0; s < n; ++s) top = scores[s] > top ? scores[s] : top;
-  for (s = 0; s < n; ++s) scores[s] -= top;
-  for (s = n; s < ((n + 7) & ~7); ++s) scores[s] = 0.0f;
-  exp_inplace(scores, n);
-  float total = 0.0f;
-  for (s = 0; s < n; ++s) total += scores[s];
-  __m256 acc[DV];
-  for (int j = 0; j < DV; ++j) acc[j] = _mm256_setzero_ps();
-  for (s = 0; s < n; ++s) {
-    const __m256 p = _mm256_set1_ps(scores[s]);
-    const float* v = values + static_cast<size_t>(s) * d;
-    for (int j = 0; j < DV; ++j) acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * j), acc[j]);
+  // max and sum in 8 lanes (the same order for a given n), then the weighted values in two
+  // interleaved sets of accumulators (even / odd keys) so the FMA chains overlap
+  const int padded = (n + 7) & ~7;
+  for (s = n; s < padded; ++s) scores[s] = -INFINITY;
+  __m256 vtop = _mm256_set1_ps(-INFINITY);
+  for (s = 0; s < padded; s += 8) vtop = _mm256_max_ps(vtop, _mm256_loadu_ps(scores + s));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vtop);
+  float top = lanes[0];
+  for (int l = 1; l < 8; ++l) top = lanes[l] > top ? lanes[l] : top;
+  const __m256 shift = _mm256_set1_ps(top);
+  __m256 vtotal = _mm256_setzero_ps();
+  for (s = 0; s < padded; s += 8) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + s), shift));
+    if (s + 8 > n) e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - s),
+                                                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+    _mm256_storeu_ps(scores + s, e);
+    vtotal = _mm256_add_ps(vtotal, e);
+  }
+  _mm256_store_ps(lanes, vtotal);
+  const float total = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+  __m256 even[DV], odd[DV];
+  for (int j = 0; j < DV; ++j) even[j] = odd[j] = _mm256_setzero_ps();
+  for (s = 0; s + 2 <= n; s += 2) {
+    const __m256 p0 = _mm256_set1_ps(scores[s]), p1 = _mm256_set1_ps(scores[s + 1]);
+    const float* v0 = values + static_cast<size_t>(s) * d;
+    const float* v1 = v0 + d;
+    for (int j = 0; j < DV; ++j) {
+      even[j] = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0 + 8 * j), even[j]);
+      odd[j] = _mm256_fmadd_ps(p1, _mm256_loadu_ps(v1 + 8 * j), odd[j]);
+    }
+  }
+  if (s < n) {
+    const __m256 p0 = _mm256_set1_ps(scores[s]);
+    const float* v0 = values + static_cast<size_t>(s) * d;
+    for (int j = 0; j < DV; ++j) even[j] = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0 + 8 * j), even[j]);
   }
   const __m256 inv = _mm256_set1_ps(1.0f / total);
-  for (int j = 0; j < DV; ++j) _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(acc[j], inv));
+  for (int j = 0; j < DV; ++j) _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(_mm256_add_ps(even[j], odd[j]), inv));
 }
 
 template <int DV>
