@@ -27,7 +27,7 @@ from dflash_trt.cli_types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, INT_LIST
               "acceptance, a step costing this many verified tokens (~28 on a 2-core CPU; see spec/width.py).")
 @click.option("--draft-confidence", type=click.FloatRange(min=0, max=1, max_open=True),
               help="Local mode: verify only the drafts whose running draft probability is >= this "
-                   "(runtime.draft_confidence; 0 = full blocks). Default: 0.02 on CPU (extra verified rows "
+                   "(runtime.draft_confidence; 0 = full blocks). Default: 0.1 on CPU (extra verified rows "
                    "cost there), 0 on GPUs.")
 @click.option("--draft-vocab", type=DRAFT_VOCAB, default="auto", show_default=True, help="Local mode. " + DRAFT_VOCAB_HELP)
 @click.option("--reference", is_flag=True, help="Local mode: also race z-lab's dflash_generate (dflash==0.1.0) on "

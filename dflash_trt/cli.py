@@ -59,7 +59,7 @@ def _model_dir(value: str) -> str:
 @click.option("--draft-vocab", type=DRAFT_VOCAB, default="auto", show_default=True, help=DRAFT_VOCAB_HELP)
 @click.option("--draft-confidence", type=click.FloatRange(min=0, max=1, max_open=True),
               help="Verify only the drafts whose running draft probability is >= this (0 = full blocks). "
-                   "Default: 0.02 on CPU, 0 on GPUs.")
+                   "Default: 0.1 on CPU, 0 on GPUs.")
 @_sampling_options
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
 @click.option("--dtype", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto", show_default=True)

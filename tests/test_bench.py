@@ -29,7 +29,7 @@ def test_local_bench_writes_schema_and_histogram(tiny_pair, tmp_path):
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert data["schema_version"] == 1 and data["mode"] == "local"
     assert [r["block_size"] for r in data["results"]] == [2, 4]
-    assert data["draft_confidence"] == 0.02 and data["draft_vocab_size"] is None  # CPU default; no vocabulary file
+    assert data["draft_confidence"] == 0.1 and data["draft_vocab_size"] is None  # CPU default; no vocabulary file
     for r in data["results"]:
         assert r["identical"] is True and r["generated_tokens"] == 24
         assert {"mean_acceptance_length", "per_position_acceptance", "spec_tokens_per_s", "ar_tokens_per_s",

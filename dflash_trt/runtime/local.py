@@ -89,11 +89,12 @@ def apply_draft_vocab(pair: LoadedPair, size: int | str | None) -> LoadedPair:
 
 
 def default_draft_confidence(device: str | torch.device) -> float:
-    """The confidence cut when none is given: on CPU each extra verified row costs (0.02, measured in
-    docs/design-notes.md); GPUs verify a full block for about the price of one row (0 = full blocks)."""
+    """The confidence cut when none is given: on CPU each extra verified row costs (0.1, measured with
+    the C++ layer in docs/benchmarks.md); GPUs verify a full block for about the price of one row (0 =
+    full blocks)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return 0.02 if torch.device(device).type == "cpu" else 0.0
+    return 0.1 if torch.device(device).type == "cpu" else 0.0
 
 
 def generate(
