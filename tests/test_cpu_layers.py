@@ -65,6 +65,35 @@ def test_target_cpu_layers_equal_the_torch_path(target, torch_path):
         torch.testing.assert_close(taps, want_taps, rtol=0, atol=2e-5)
 
 
+def test_batched_rows_equal_the_torch_path_and_single_sequences(target, torch_path):
+    """Three sequences in scattered cache slots at different positions, decoded together."""
+    g = torch.Generator().manual_seed(4)
+    lengths = [9, 30, 17]
+    tokens = torch.randint(0, 256, (3, 50), generator=g)
+    slots = torch.tensor([2, 0, 3])
+
+    def run():
+        cache = target.new_cache(4, 80)
+        with torch.inference_mode():
+            for row, n in enumerate(lengths):  # prefill each sequence alone
+                target(tokens[row : row + 1, :n], torch.arange(n)[None], cache, slots[row : row + 1])
+            outs = []
+            for step in range(4):  # then blocks of 5 rows for all three at once
+                positions = torch.tensor(lengths)[:, None] + 5 * step + torch.arange(5)[None]
+                block = tokens.gather(1, positions)
+                outs.append(target(block, positions, cache, slots, TAPS))
+        return torch.cat([o[0] for o in outs], 1), torch.cat([o[1] for o in outs], 1)
+
+    want_logits, want_taps = torch_path(run)
+    logits, taps = run()
+    torch.testing.assert_close(logits, want_logits, rtol=0, atol=2e-5)
+    torch.testing.assert_close(taps, want_taps, rtol=0, atol=2e-5)
+    for row, n in enumerate(lengths):  # each row equals that sequence decoded alone, bit for bit
+        alone = torch.cat([tokens[row : row + 1, :n], tokens[row : row + 1, n : n + 20]], 1)
+        _, single = decode_in_blocks(target, alone, n, 5)
+        assert torch.equal(taps[row], single[0])
+
+
 def test_verify_block_rows_equal_one_token_decoding_bit_for_bit(target):
     tokens = torch.randint(0, 256, (1, 56), generator=torch.Generator().manual_seed(1))
     _, one_by_one = decode_in_blocks(target, tokens, 20, 1)
@@ -132,7 +161,9 @@ def test_unsupported_layers_and_passes_keep_the_torch_path(target):
     cache = target.new_cache(1, 16)
     with torch.inference_mode():
         assert cpu_layers.eligible(positions, cache)
-        assert not cpu_layers.eligible(torch.arange(4, 8)[None].expand(2, -1), cache)  # a batch
+        assert cpu_layers.eligible(torch.tensor([[4, 5, 6, 7], [9, 10, 11, 12]]), cache)  # a batch of blocks
+        assert not cpu_layers.eligible(torch.tensor([[4, 5, 6, 7], [9, 10, 12, 13]]), cache)  # a gap in a row
+        assert not cpu_layers.eligible(torch.arange(4, 24)[None].expand(2, -1), cache)  # 40 rows: prefill-sized
         assert not cpu_layers.eligible(torch.tensor([[4, 5, 7]]), cache)  # not consecutive
         assert not cpu_layers.eligible(torch.arange(cpu_layers.MAX_ROWS + 1)[None], cache)  # prefill-sized
     assert not cpu_layers.eligible(positions, cache)  # autograd on (training)

@@ -64,7 +64,8 @@ def library() -> ctypes.CDLL | None:
         warnings.warn(f"C++ CPU decoder layer unavailable, using the torch path: {e}", stacklevel=2)
         return None
     handle.dfl_decoder_layer.restype = _i32
-    handle.dfl_decoder_layer.argtypes = [ctypes.POINTER(_Weights), _p, _i32, _p, _i32, _p, _p, _p, _p, _i32, _i32, _i32]
+    handle.dfl_decoder_layer.argtypes = [ctypes.POINTER(_Weights), _p, _i32, _i32, _p, _i32, _p, _p, _p, _p, _p, _p,
+                                         _i32, _i32]
     handle.dfl_matmul_nt.restype = None
     handle.dfl_matmul_nt.argtypes = [_p, _i32, _i32, _p, _i32, _p]
     handle.dfl_pack_panels.restype = None
@@ -88,11 +89,16 @@ def eager() -> bool:
 
 
 def eligible(positions: torch.Tensor, cache: KVCache) -> bool:
-    """One sequence [1, T <= MAX_ROWS] at consecutive positions, an fp32 CPU cache, `eager`."""
-    t = positions.shape[1]
-    return (positions.shape[0] == 1 and t <= MAX_ROWS and cache.k.device.type == "cpu"
-            and cache.k.dtype == torch.float32 and eager()
-            and int(positions[0, -1]) - int(positions[0, 0]) == t - 1 and library() is not None)
+    """Rows [B, T] at consecutive positions each (start_b + 0..T-1), B * T <= MAX_ROWS, an fp32 CPU
+    cache, `eager`."""
+    b, t = positions.shape
+    if not (b * t <= MAX_ROWS and cache.k.device.type == "cpu" and cache.k.dtype == torch.float32 and eager()):
+        return False
+    if b == 1:
+        consecutive = int(positions[0, -1]) - int(positions[0, 0]) == t - 1
+    else:
+        consecutive = t == 1 or bool((positions[:, 1:] - positions[:, :-1] == 1).all())
+    return consecutive and library() is not None
 
 
 class LayerPlan:
@@ -169,27 +175,31 @@ def plans(layers: nn.ModuleList) -> list[LayerPlan] | None:
 
 def run_layer(
     plan: LayerPlan,
-    x: torch.Tensor,  # [Q, H] fp32 contiguous, updated in place
-    context: torch.Tensor | None,  # [C, H] context features (K/V only), or None
+    x: torch.Tensor,  # [B * Q, H] fp32 contiguous, updated in place (Q block rows per sequence)
+    context: torch.Tensor | None,  # [C, H] context features (K/V only; one sequence), or None
     cache: KVCache,
     layer: int,
-    slot: int,
-    start: int,  # absolute position of the first row of [context ; x]
-    cos: torch.Tensor,  # [C + Q, D] RoPE rows of those positions
+    slots: torch.Tensor,  # [B] int64 cache slot of each sequence
+    starts: torch.Tensor,  # [B] int64 absolute position of each sequence's first row of [context ; block]
+    cos: torch.Tensor,  # [B * (C + Q), D] RoPE rows of those positions
     sin: torch.Tensor,
     causal: bool,
 ) -> None:
-    """One decoder layer over [context ; x]; K/V of every row go to `cache` at their positions."""
+    """One decoder layer over B sequences of [context ; block]; K/V of every row go to `cache`."""
     c_rows = 0 if context is None else context.shape[0]
-    k, v = cache.k[layer, slot], cache.v[layer, slot]  # [kv_heads, capacity, D], contiguous
-    if start + c_rows + x.shape[0] > cache.capacity:
-        raise IndexError(f"KV cache capacity {cache.capacity} exceeded (position {start + c_rows + x.shape[0] - 1})")
+    n = slots.shape[0]
+    q_rows = x.shape[0] // n
+    last = int(starts.max()) + c_rows + q_rows - 1
+    if last >= cache.capacity:
+        raise IndexError(f"KV cache capacity {cache.capacity} exceeded (position {last})")
+    k, v = cache.k[layer], cache.v[layer]  # [slots, kv_heads, capacity, D], contiguous
     rc = library().dfl_decoder_layer(
-        ctypes.byref(plan.weights), x.data_ptr(), x.shape[0], None if context is None else context.data_ptr(),
-        c_rows, cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(), cache.capacity, start, int(causal),
+        ctypes.byref(plan.weights), x.data_ptr(), n, q_rows, None if context is None else context.data_ptr(),
+        c_rows, cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(), slots.data_ptr(), starts.data_ptr(),
+        cache.capacity, int(causal),
     )
     if rc != 0:
-        raise ValueError(f"dfl_decoder_layer rejected its sizes (rows {x.shape[0]} + {c_rows}, start {start})")
+        raise ValueError(f"dfl_decoder_layer rejected its sizes ({n} x {q_rows} rows + {c_rows}, starts {starts.tolist()})")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:

@@ -168,10 +168,10 @@ class DFlashDraft(nn.Module):
             positions = torch.cat([ctx_positions, block_positions], dim=1)
             if ctx_valid is not None:
                 valid = torch.cat([ctx_valid, torch.ones_like(block_positions, dtype=torch.bool)], dim=1)
-        if self.full_attention and cpu_layers.eligible(positions, cache):
+        if b == 1 and self.full_attention and cpu_layers.eligible(positions, cache):
             plans = cpu_layers.plans(self.layers)
             if plans is not None:
-                return self.norm(self._layers_cpu(plans, x, ctx, positions, cache, int(slots[0])))
+                return self.norm(self._layers_cpu(plans, x, ctx, positions, cache, slots))
         rope = self.rotary(positions, x.dtype)
         key_end = block_positions[:, -1] + 1  # [B]: context + block
         s = int(key_end.max())
@@ -189,14 +189,15 @@ class DFlashDraft(nn.Module):
         """Every layer non-causal without a window: each block row sees its whole context and block."""
         return all(not layer.is_causal and layer.window is None for layer in self.layers)
 
-    def _layers_cpu(self, plans, x, ctx, positions, cache: KVCache, slot: int) -> torch.Tensor:
+    def _layers_cpu(self, plans, x, ctx, positions, cache: KVCache, slots) -> torch.Tensor:
         """All layers for one sequence through the C++ layer (model/cpu_layers.py) -> [1, Q, H]."""
         x = x[0].clone()  # [Q, H], updated in place
         ctx = None if ctx is None else ctx[0].contiguous()  # [C, H]
-        start = int(positions[0, 0])
-        cos, sin = self.rotary.rows(start, positions.shape[1], x.dtype)
+        starts = positions[:, 0].contiguous()
+        cos, sin = self.rotary.rows(int(starts[0]), positions.shape[1], x.dtype)
+        slots = slots.to(torch.int64).contiguous()
         for i, plan in enumerate(plans):
-            cpu_layers.run_layer(plan, x, ctx, cache, i, slot, start, cos, sin, causal=False)
+            cpu_layers.run_layer(plan, x, ctx, cache, i, slots, starts, cos, sin, causal=False)
         return x[None]
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:

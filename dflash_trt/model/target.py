@@ -92,7 +92,7 @@ class Target(nn.Module):
         """-> logits [B, R, V] (or hidden [B, R, H]), target_hidden [B, T, len(tap_layers) * H] (None without taps)."""
         plans = cpu_layers.plans(self.model.layers) if cpu_layers.eligible(positions, cache) else None
         if plans is not None:
-            x, taps = self._layers_cpu(plans, tokens, positions, cache, int(slots[0]), tap_layers)
+            x, taps = self._layers_cpu(plans, tokens, positions, cache, slots, tap_layers)
         else:
             x, taps = self._layers(tokens, positions, cache, slots, tap_layers)
         last = len(self.model.layers) - 1
@@ -118,15 +118,24 @@ class Target(nn.Module):
                 taps[i] = x
         return x, taps
 
-    def _layers_cpu(self, plans, tokens, positions, cache: KVCache, slot: int, tap_layers) -> tuple[torch.Tensor, dict]:
-        """The same for one sequence through the C++ layer (model/cpu_layers.py)."""
-        x = self.embed(tokens)[0].contiguous()  # [T, H], a fresh tensor the layers update in place
-        start = int(positions[0, 0])
-        cos, sin = self.rotary.rows(start, x.shape[0], x.dtype)
+    def _layers_cpu(self, plans, tokens, positions, cache: KVCache, slots, tap_layers) -> tuple[torch.Tensor, dict]:
+        """The same through the C++ layer (model/cpu_layers.py), rows of each sequence consecutive."""
+        b, t = tokens.shape
+        x = self.embed(tokens).reshape(b * t, -1).contiguous()  # [B*T, H], updated in place by the layers
+        if b == 1:
+            start = int(positions[0, 0])
+            cos, sin = self.rotary.rows(start, t, x.dtype)
+            starts = positions[:, 0].contiguous()
+        else:
+            table_cos, table_sin = self.rotary._table(int(positions.max()) + 1, x.dtype)
+            flat = positions.reshape(-1)
+            cos, sin = table_cos[flat], table_sin[flat]
+            starts = positions[:, 0].contiguous()
+        slots = slots.to(torch.int64).contiguous()
         taps = {}
         last = len(plans) - 1
         for i, plan in enumerate(plans):
-            cpu_layers.run_layer(plan, x, None, cache, i, slot, start, cos, sin, causal=True)
+            cpu_layers.run_layer(plan, x, None, cache, i, slots, starts, cos, sin, causal=True)
             if i in tap_layers and i != last:
-                taps[i] = x[None].clone()
-        return x[None], taps
+                taps[i] = x.view(b, t, -1).clone()
+        return x.view(b, t, -1), taps

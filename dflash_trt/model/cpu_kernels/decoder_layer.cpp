@@ -9,7 +9,7 @@
 // computed by the same instruction sequence whatever the number of rows in the call, so a verify
 // pass over a block gives bit-identical hidden states to decoding the same tokens one at a time.
 //
-// Layout (all row-major, contiguous, fp32):
+// Layout (all row-major, contiguous, fp32), per sequence (a call may carry several, see below):
 //   x      [Q, H]            block rows: the residual stream, updated in place
 //   ctx    [C, H] or null    context rows (drafter): K/V only, no input norm, no query
 //   rows [ctx ; x] sit at absolute positions start .. start + C + Q - 1
@@ -423,37 +423,52 @@ void dfl_matmul_panels(const float* x, int32_t rows, int32_t k, const float* pan
   matmul_panels(x, rows, k, panels, n, out);
 }
 
-// One layer over [ctx ; x] (see the header). Returns 0, or -1 on bad sizes.
-int32_t dfl_decoder_layer(const DflLayerWeights* w, float* x, int32_t q_rows, const float* ctx, int32_t c_rows,
-                          const float* cos, const float* sin, float* k_cache, float* v_cache, int32_t capacity,
-                          int32_t start, int32_t causal) {
+// One layer over n_seqs sequences of q_rows block rows each (x [n_seqs * q_rows, H]; context rows
+// only with one sequence). Sequence b's K/V live at k_layer / v_layer + slots[b] * NKV * capacity * D
+// ([NKV, capacity, D]) and its rows at positions starts[b] ..; cos / sin hold one row per row of
+// [ctx ; x] of each sequence in order. Returns 0, or -1 on bad sizes.
+int32_t dfl_decoder_layer(const DflLayerWeights* w, float* x, int32_t n_seqs, int32_t q_rows, const float* ctx,
+                          int32_t c_rows, const float* cos, const float* sin, float* k_layer, float* v_layer,
+                          const int64_t* slots, const int64_t* starts, int32_t capacity, int32_t causal) {
   const int H = w->hidden, NH = w->heads, NKV = w->kv_heads, D = w->head_dim, I = w->intermediate;
-  const int R = c_rows + q_rows, QKV = (NH + 2 * NKV) * D, group = NH / NKV;
-  const int end = start + R;  // keys 0..end-1 after this call's writes
-  if (q_rows < 1 || c_rows < 0 || start < 0 || end > capacity || NKV < 1 || NH % NKV != 0 || D % 2 != 0) return -1;
+  const int R = c_rows + q_rows, QKV = (NH + 2 * NKV) * D, group = NH / NKV, rows = n_seqs * R;
+  const size_t slot_size = static_cast<size_t>(NKV) * capacity * D;  // one sequence's K (or V) of this layer
+  if (n_seqs < 1 || q_rows < 1 || c_rows < 0 || (c_rows > 0 && n_seqs > 1) || NKV < 1 || NH % NKV != 0 || D % 2 != 0)
+    return -1;
+  int longest = 0;  // keys of the longest sequence after this call's writes
+  for (int b = 0; b < n_seqs; ++b) {
+    if (starts[b] < 0 || starts[b] + R > capacity || slots[b] < 0) return -1;
+    longest = starts[b] + R > longest ? static_cast<int>(starts[b]) + R : longest;
+  }
+  const int q_total = n_seqs * q_rows;
 
   // 1) input norm (block rows only; context rows are already features) and one q/k/v projection
-  std::vector<float> h(static_cast<size_t>(R) * H), qkv(static_cast<size_t>(R) * QKV);
+  std::vector<float> h(static_cast<size_t>(rows) * H), qkv(static_cast<size_t>(rows) * QKV);
   for (int r = 0; r < c_rows; ++r)
     for (int i = 0; i < H; ++i) h[static_cast<size_t>(r) * H + i] = ctx[static_cast<size_t>(r) * H + i];
-  for (int t = 0; t < q_rows; ++t)
-    rms_norm(x + static_cast<size_t>(t) * H, w->input_norm, H, w->eps, h.data() + static_cast<size_t>(c_rows + t) * H);
-  matmul_panels(h.data(), R, H, w->qkv, QKV, qkv.data());
+  for (int b = 0; b < n_seqs; ++b)
+    for (int t = 0; t < q_rows; ++t)
+      rms_norm(x + static_cast<size_t>(b * q_rows + t) * H, w->input_norm, H, w->eps,
+               h.data() + static_cast<size_t>(b * R + c_rows + t) * H);
+  matmul_panels(h.data(), rows, H, w->qkv, QKV, qkv.data());
 
-  // 2) per-head q/k norm and RoPE; K/V of every row into the cache at its position
-  for (int r = 0; r < R; ++r) {
+  // 2) per-head q/k norm and RoPE; K/V of every row into its sequence's cache at its position
+  for (int r = 0; r < rows; ++r) {
+    const int b = r / R, local = r % R;
     float* row = qkv.data() + static_cast<size_t>(r) * QKV;
     const float* c = cos + static_cast<size_t>(r) * D;
     const float* s = sin + static_cast<size_t>(r) * D;
-    for (int head = (r < c_rows ? NH : 0); head < NH + NKV; ++head) {  // context rows need no query
+    for (int head = (local < c_rows ? NH : 0); head < NH + NKV; ++head) {  // context rows need no query
       float* v = row + head * D;
       const float* norm = head < NH ? w->q_norm : w->k_norm;
       if (norm) rms_norm(v, norm, D, w->eps, v);
       rope(v, c, s, D);
     }
+    float* k_seq = k_layer + slots[b] * slot_size;
+    float* v_seq = v_layer + slots[b] * slot_size;
     for (int kv = 0; kv < NKV; ++kv) {
-      float* kd = k_cache + (static_cast<size_t>(kv) * capacity + start + r) * D;
-      float* vd = v_cache + (static_cast<size_t>(kv) * capacity + start + r) * D;
+      float* kd = k_seq + (static_cast<size_t>(kv) * capacity + starts[b] + local) * D;
+      float* vd = v_seq + (static_cast<size_t>(kv) * capacity + starts[b] + local) * D;
       for (int i = 0; i < D; ++i) {
         kd[i] = row[(NH + kv) * D + i];
         vd[i] = row[(NH + NKV + kv) * D + i];
@@ -461,42 +476,46 @@ int32_t dfl_decoder_layer(const DflLayerWeights* w, float* x, int32_t q_rows, co
     }
   }
 
-  // 3) attention of the block rows, then o_proj and the residual
-  // queries grouped by the K/V head they read (GQA): row t, head g*group+j -> slot t*group+j
-  const int stride = (end + 7) & ~7, m_count = q_rows * group;
-  std::vector<float> attn(static_cast<size_t>(q_rows) * NH * D), out(static_cast<size_t>(q_rows) * H);
+  // 3) attention of the block rows (per sequence and K/V head), then o_proj and the residual;
+  // queries grouped by the K/V head they read (GQA): row t, head kv*group+j -> slot t*group+j
+  const int stride = (longest + 7) & ~7, m_count = q_rows * group;
+  std::vector<float> attn(static_cast<size_t>(q_total) * NH * D), out(static_cast<size_t>(q_total) * H);
   std::vector<float> queries(static_cast<size_t>(m_count) * D), heads_out(static_cast<size_t>(m_count) * D);
   std::vector<float> scores(static_cast<size_t>(m_count) * stride);
   std::vector<int> n_keys(m_count);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  for (int kv = 0; kv < NKV; ++kv) {
-    for (int t = 0; t < q_rows; ++t)
-      for (int j = 0; j < group; ++j) {
-        const float* q = qkv.data() + static_cast<size_t>(c_rows + t) * QKV + (kv * group + j) * D;
-        for (int i = 0; i < D; ++i) queries[(static_cast<size_t>(t) * group + j) * D + i] = q[i];
-        n_keys[t * group + j] = causal ? start + c_rows + t + 1 : end;
-      }
-    const size_t base = static_cast<size_t>(kv) * capacity * D;
-    attend(queries.data(), n_keys.data(), m_count, k_cache + base, v_cache + base, D, scale, scores.data(), stride,
-           heads_out.data());
-    for (int t = 0; t < q_rows; ++t)
-      for (int j = 0; j < group; ++j)
-        for (int i = 0; i < D; ++i)
-          attn[(static_cast<size_t>(t) * NH + kv * group + j) * D + i] = heads_out[(static_cast<size_t>(t) * group + j) * D + i];
+  for (int b = 0; b < n_seqs; ++b) {
+    const int start = static_cast<int>(starts[b]);
+    for (int kv = 0; kv < NKV; ++kv) {
+      for (int t = 0; t < q_rows; ++t)
+        for (int j = 0; j < group; ++j) {
+          const float* q = qkv.data() + static_cast<size_t>(b * R + c_rows + t) * QKV + (kv * group + j) * D;
+          for (int i = 0; i < D; ++i) queries[(static_cast<size_t>(t) * group + j) * D + i] = q[i];
+          n_keys[t * group + j] = causal ? start + c_rows + t + 1 : start + R;
+        }
+      const size_t base = slots[b] * slot_size + static_cast<size_t>(kv) * capacity * D;
+      attend(queries.data(), n_keys.data(), m_count, k_layer + base, v_layer + base, D, scale, scores.data(), stride,
+             heads_out.data());
+      for (int t = 0; t < q_rows; ++t)
+        for (int j = 0; j < group; ++j)
+          for (int i = 0; i < D; ++i)
+            attn[(static_cast<size_t>(b * q_rows + t) * NH + kv * group + j) * D + i] =
+                heads_out[(static_cast<size_t>(t) * group + j) * D + i];
+    }
   }
-  matmul_panels(attn.data(), q_rows, NH * D, w->o_proj, H, out.data());
+  matmul_panels(attn.data(), q_total, NH * D, w->o_proj, H, out.data());
   for (size_t i = 0; i < out.size(); ++i) x[i] += out[i];
 
   // 4) post-attention norm, SwiGLU MLP, residual
-  std::vector<float> gate_up(static_cast<size_t>(q_rows) * 2 * I), act(static_cast<size_t>(q_rows) * I);
-  for (int t = 0; t < q_rows; ++t) rms_norm(x + static_cast<size_t>(t) * H, w->post_norm, H, w->eps, h.data() + static_cast<size_t>(t) * H);
-  matmul_panels(h.data(), q_rows, H, w->gate_up, 2 * I, gate_up.data());
-  for (int t = 0; t < q_rows; ++t) {
+  std::vector<float> gate_up(static_cast<size_t>(q_total) * 2 * I), act(static_cast<size_t>(q_total) * I);
+  for (int t = 0; t < q_total; ++t) rms_norm(x + static_cast<size_t>(t) * H, w->post_norm, H, w->eps, h.data() + static_cast<size_t>(t) * H);
+  matmul_panels(h.data(), q_total, H, w->gate_up, 2 * I, gate_up.data());
+  for (int t = 0; t < q_total; ++t) {
     float* g = gate_up.data() + static_cast<size_t>(t) * 2 * I;
     silu_mul(g, g + I, I);
     for (int i = 0; i < I; ++i) act[static_cast<size_t>(t) * I + i] = g[i];
   }
-  matmul_panels(act.data(), q_rows, I, w->down, H, out.data());
+  matmul_panels(act.data(), q_total, I, w->down, H, out.data());
   for (size_t i = 0; i < out.size(); ++i) x[i] += out[i];
   return 0;
 }
