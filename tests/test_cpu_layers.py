@@ -125,6 +125,42 @@ def test_draft_cpu_layers_equal_the_torch_path(loaded_tiny_pair, torch_path):
         torch.testing.assert_close(got, ref, rtol=0, atol=2e-5)
 
 
+def test_batched_draft_with_ragged_contexts_equals_the_torch_path(loaded_tiny_pair, torch_path, monkeypatch):
+    """Three rows in scattered slots, each with its own context length (valid prefixes) and block start."""
+    calls = []
+    run_layer = cpu_layers.run_layer
+    monkeypatch.setattr(cpu_layers, "run_layer", lambda *a, **k: calls.append(a[1].shape) or run_layer(*a, **k))
+    draft, target = loaded_tiny_pair.draft, loaded_tiny_pair.target
+    g = torch.Generator().manual_seed(5)
+    n_taps = len(draft.config.target_layer_ids) * target.config.dims.hidden_size
+    slots, lengths = torch.tensor([1, 3, 0]), torch.tensor([12, 20, 7])
+    target_hidden = torch.randn(3, 30, n_taps, generator=g)
+    block = target.embed(torch.randint(0, 256, (3, 6), generator=g))
+    committed = torch.tensor([3, 1, 4])
+
+    def run():
+        cache = draft.new_cache(4, 64)
+        with torch.inference_mode():
+            for row in range(3):
+                n = int(lengths[row])
+                draft.append_context(target_hidden[row : row + 1, :n], torch.arange(n)[None], cache, slots[row : row + 1])
+            ctx_positions = lengths[:, None] + torch.arange(5)[None]
+            valid = torch.arange(5)[None] < committed[:, None]
+            context = (target_hidden[:, 20:25], ctx_positions, valid)
+            block_positions = (lengths + committed)[:, None] + torch.arange(6)[None]
+            out = draft(block, block_positions, cache, slots, context)
+        return out, cache.k.clone()
+
+    want_out, want_k = torch_path(run)
+    assert not calls
+    out, k = run()
+    assert calls and calls[-1] == (18, target.config.dims.hidden_size)  # the draft pass went through C++, batched
+    torch.testing.assert_close(out, want_out, rtol=0, atol=2e-5)
+    for row in range(3):  # the committed context's K (stale entries past it are not compared)
+        end = int(lengths[row] + committed[row])
+        torch.testing.assert_close(k[:, slots[row], :, :end], want_k[:, slots[row], :, :end], rtol=0, atol=2e-5)
+
+
 @pytest.mark.parametrize("rows,k,n", [(1, 64, 96), (2, 48, 33), (3, 20, 7), (5, 37, 11), (9, 200, 64), (16, 512, 3)])
 def test_matmul_equals_f_linear_and_rows_are_independent(rows, k, n):
     g = torch.Generator().manual_seed(rows)
@@ -163,7 +199,8 @@ def test_unsupported_layers_and_passes_keep_the_torch_path(target):
         assert cpu_layers.eligible(positions, cache)
         assert cpu_layers.eligible(torch.tensor([[4, 5, 6, 7], [9, 10, 11, 12]]), cache)  # a batch of blocks
         assert not cpu_layers.eligible(torch.tensor([[4, 5, 6, 7], [9, 10, 12, 13]]), cache)  # a gap in a row
-        assert not cpu_layers.eligible(torch.arange(4, 24)[None].expand(2, -1), cache)  # 40 rows: prefill-sized
+        half = cpu_layers.MAX_ROWS // 2 + 1
+        assert not cpu_layers.eligible(torch.arange(4, 4 + half)[None].expand(2, -1), cache)  # too many rows
         assert not cpu_layers.eligible(torch.tensor([[4, 5, 7]]), cache)  # not consecutive
         assert not cpu_layers.eligible(torch.arange(cpu_layers.MAX_ROWS + 1)[None], cache)  # prefill-sized
     assert not cpu_layers.eligible(positions, cache)  # autograd on (training)

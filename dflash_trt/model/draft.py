@@ -168,10 +168,11 @@ class DFlashDraft(nn.Module):
             positions = torch.cat([ctx_positions, block_positions], dim=1)
             if ctx_valid is not None:
                 valid = torch.cat([ctx_valid, torch.ones_like(block_positions, dtype=torch.bool)], dim=1)
-        if b == 1 and self.full_attention and cpu_layers.eligible(positions, cache):
+        if self.full_attention and cpu_layers.eligible(block_positions, cache):
             plans = cpu_layers.plans(self.layers)
-            if plans is not None:
-                return self.norm(self._layers_cpu(plans, x, ctx, positions, cache, slots))
+            rows = self._context_rows(ctx, positions, valid, block_positions) if plans is not None else None
+            if rows is not None:
+                return self.norm(self._layers_cpu(plans, x, *rows, block_positions, cache, slots))
         rope = self.rotary(positions, x.dtype)
         key_end = block_positions[:, -1] + 1  # [B]: context + block
         s = int(key_end.max())
@@ -189,16 +190,49 @@ class DFlashDraft(nn.Module):
         """Every layer non-causal without a window: each block row sees its whole context and block."""
         return all(not layer.is_causal and layer.window is None for layer in self.layers)
 
-    def _layers_cpu(self, plans, x, ctx, positions, cache: KVCache, slots) -> torch.Tensor:
-        """All layers for one sequence through the C++ layer (model/cpu_layers.py) -> [1, Q, H]."""
-        x = x[0].clone()  # [Q, H], updated in place
-        ctx = None if ctx is None else ctx[0].contiguous()  # [C, H]
-        starts = positions[:, 0].contiguous()
-        cos, sin = self.rotary.rows(int(starts[0]), positions.shape[1], x.dtype)
+    @staticmethod
+    def _context_rows(ctx, positions, valid, block_positions) -> tuple | None:
+        """Context of a draft pass as the C++ layer takes it: features [sum C_b, H] and counts [B]
+        (int32), or (None, None) without context; None when a row's context is not the prefix of its
+        positions right before its block (the torch path handles any layout)."""
+        if ctx is None:
+            return None, None
+        b, c, _ = ctx.shape
+        if valid is None:
+            counts = torch.full((b,), c, dtype=torch.int64)
+        else:
+            valid = valid[:, :c]
+            counts = valid.sum(dim=1)
+            if not torch.equal(valid, torch.arange(c)[None, :] < counts[:, None]):
+                return None
+        ctx_positions = positions[:, :c]
+        first = ctx_positions[:, 0]
+        if c and not (torch.equal(first + counts, block_positions[:, 0])
+                      and bool(((ctx_positions[:, 1:] - ctx_positions[:, :-1] == 1) | ~valid[:, 1:] if valid is not None
+                                else ctx_positions[:, 1:] - ctx_positions[:, :-1] == 1).all())):
+            return None
+        features = ctx.reshape(b * c, -1) if valid is None else ctx[valid]
+        return features.contiguous(), counts.to(torch.int32)
+
+    def _layers_cpu(self, plans, x, features, counts, block_positions, cache: KVCache, slots) -> torch.Tensor:
+        """All layers through the C++ layer (model/cpu_layers.py) -> [B, Q, H]. features [sum C_b, H]
+        and counts [B] are each row's context (None: none), right before its block."""
+        b, q, _ = x.shape
+        x = x.reshape(b * q, -1).clone()  # [B*Q, H], updated in place
+        counts64 = torch.zeros(b, dtype=torch.int64) if counts is None else counts.to(torch.int64)
+        starts = (block_positions[:, 0] - counts64).contiguous()
+        if b == 1:
+            cos, sin = self.rotary.rows(int(starts[0]), int(counts64[0]) + q, x.dtype)
+        else:
+            lengths = counts64 + q
+            offsets = torch.cumsum(lengths, 0) - lengths
+            flat = torch.repeat_interleave(starts - offsets, lengths) + torch.arange(int(lengths.sum()))
+            table_cos, table_sin = self.rotary._table(int(block_positions[:, -1].max()) + 1, x.dtype)
+            cos, sin = table_cos[flat], table_sin[flat]
         slots = slots.to(torch.int64).contiguous()
         for i, plan in enumerate(plans):
-            cpu_layers.run_layer(plan, x, ctx, cache, i, slots, starts, cos, sin, causal=False)
-        return x[None]
+            cpu_layers.run_layer(plan, x, features, counts, cache, i, slots, starts, cos, sin, causal=False)
+        return x.view(b, q, -1)
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Draft logits through the TARGET lm_head, with z-lab's multiplier and softcap."""

@@ -135,7 +135,7 @@ class Target(nn.Module):
         taps = {}
         last = len(plans) - 1
         for i, plan in enumerate(plans):
-            cpu_layers.run_layer(plan, x, None, cache, i, slots, starts, cos, sin, causal=True)
+            cpu_layers.run_layer(plan, x, None, None, cache, i, slots, starts, cos, sin, causal=True)
             if i in tap_layers and i != last:
                 taps[i] = x.view(b, t, -1).clone()
         return x.view(b, t, -1), taps

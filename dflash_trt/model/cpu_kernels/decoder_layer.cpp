@@ -423,55 +423,65 @@ void dfl_matmul_panels(const float* x, int32_t rows, int32_t k, const float* pan
   matmul_panels(x, rows, k, panels, n, out);
 }
 
-// One layer over n_seqs sequences of q_rows block rows each (x [n_seqs * q_rows, H]; context rows
-// only with one sequence). Sequence b's K/V live at k_layer / v_layer + slots[b] * NKV * capacity * D
-// ([NKV, capacity, D]) and its rows at positions starts[b] ..; cos / sin hold one row per row of
-// [ctx ; x] of each sequence in order. Returns 0, or -1 on bad sizes.
+// One layer over n_seqs sequences, each [ctx_b ; x_b]: q_rows block rows (x [n_seqs * q_rows, H]) after
+// c_counts[b] context rows (ctx [sum c_b, H] in sequence order; c_counts null: none). Sequence b's
+// K/V live at k_layer / v_layer + slots[b] * NKV * capacity * D ([NKV, capacity, D]) and its rows
+// sit at positions starts[b] ..; cos / sin hold one row per row of [ctx_b ; x_b], sequence by
+// sequence. Returns 0, or -1 on bad sizes.
 int32_t dfl_decoder_layer(const DflLayerWeights* w, float* x, int32_t n_seqs, int32_t q_rows, const float* ctx,
-                          int32_t c_rows, const float* cos, const float* sin, float* k_layer, float* v_layer,
+                          const int32_t* c_counts, const float* cos, const float* sin, float* k_layer, float* v_layer,
                           const int64_t* slots, const int64_t* starts, int32_t capacity, int32_t causal) {
   const int H = w->hidden, NH = w->heads, NKV = w->kv_heads, D = w->head_dim, I = w->intermediate;
-  const int R = c_rows + q_rows, QKV = (NH + 2 * NKV) * D, group = NH / NKV, rows = n_seqs * R;
+  const int QKV = (NH + 2 * NKV) * D, group = NH / NKV;
   const size_t slot_size = static_cast<size_t>(NKV) * capacity * D;  // one sequence's K (or V) of this layer
-  if (n_seqs < 1 || q_rows < 1 || c_rows < 0 || (c_rows > 0 && n_seqs > 1) || NKV < 1 || NH % NKV != 0 || D % 2 != 0)
-    return -1;
+  if (n_seqs < 1 || q_rows < 1 || NKV < 1 || NH % NKV != 0 || D % 2 != 0) return -1;
+  std::vector<int> first_row(n_seqs + 1, 0), first_ctx(n_seqs + 1, 0);  // row offsets of each sequence
   int longest = 0;  // keys of the longest sequence after this call's writes
   for (int b = 0; b < n_seqs; ++b) {
-    if (starts[b] < 0 || starts[b] + R > capacity || slots[b] < 0) return -1;
-    longest = starts[b] + R > longest ? static_cast<int>(starts[b]) + R : longest;
+    const int c = c_counts ? c_counts[b] : 0;
+    if (c < 0 || starts[b] < 0 || starts[b] + c + q_rows > capacity || slots[b] < 0) return -1;
+    first_ctx[b + 1] = first_ctx[b] + c;
+    first_row[b + 1] = first_row[b] + c + q_rows;
+    longest = starts[b] + c + q_rows > longest ? static_cast<int>(starts[b]) + c + q_rows : longest;
   }
-  const int q_total = n_seqs * q_rows;
+  const int rows = first_row[n_seqs], q_total = n_seqs * q_rows;
 
   // 1) input norm (block rows only; context rows are already features) and one q/k/v projection
   std::vector<float> h(static_cast<size_t>(rows) * H), qkv(static_cast<size_t>(rows) * QKV);
-  for (int r = 0; r < c_rows; ++r)
-    for (int i = 0; i < H; ++i) h[static_cast<size_t>(r) * H + i] = ctx[static_cast<size_t>(r) * H + i];
-  for (int b = 0; b < n_seqs; ++b)
+  for (int b = 0; b < n_seqs; ++b) {
+    const int c = first_ctx[b + 1] - first_ctx[b];
+    for (int r = 0; r < c; ++r)
+      for (int i = 0; i < H; ++i)
+        h[static_cast<size_t>(first_row[b] + r) * H + i] = ctx[static_cast<size_t>(first_ctx[b] + r) * H + i];
     for (int t = 0; t < q_rows; ++t)
       rms_norm(x + static_cast<size_t>(b * q_rows + t) * H, w->input_norm, H, w->eps,
-               h.data() + static_cast<size_t>(b * R + c_rows + t) * H);
+               h.data() + static_cast<size_t>(first_row[b] + c + t) * H);
+  }
   matmul_panels(h.data(), rows, H, w->qkv, QKV, qkv.data());
 
   // 2) per-head q/k norm and RoPE; K/V of every row into its sequence's cache at its position
-  for (int r = 0; r < rows; ++r) {
-    const int b = r / R, local = r % R;
-    float* row = qkv.data() + static_cast<size_t>(r) * QKV;
-    const float* c = cos + static_cast<size_t>(r) * D;
-    const float* s = sin + static_cast<size_t>(r) * D;
-    for (int head = (local < c_rows ? NH : 0); head < NH + NKV; ++head) {  // context rows need no query
-      float* v = row + head * D;
-      const float* norm = head < NH ? w->q_norm : w->k_norm;
-      if (norm) rms_norm(v, norm, D, w->eps, v);
-      rope(v, c, s, D);
-    }
+  for (int b = 0; b < n_seqs; ++b) {
+    const int c_rows = first_ctx[b + 1] - first_ctx[b];
     float* k_seq = k_layer + slots[b] * slot_size;
     float* v_seq = v_layer + slots[b] * slot_size;
-    for (int kv = 0; kv < NKV; ++kv) {
-      float* kd = k_seq + (static_cast<size_t>(kv) * capacity + starts[b] + local) * D;
-      float* vd = v_seq + (static_cast<size_t>(kv) * capacity + starts[b] + local) * D;
-      for (int i = 0; i < D; ++i) {
-        kd[i] = row[(NH + kv) * D + i];
-        vd[i] = row[(NH + NKV + kv) * D + i];
+    for (int local = 0; local < c_rows + q_rows; ++local) {
+      const int r = first_row[b] + local;
+      float* row = qkv.data() + static_cast<size_t>(r) * QKV;
+      const float* cs = cos + static_cast<size_t>(r) * D;
+      const float* sn = sin + static_cast<size_t>(r) * D;
+      for (int head = (local < c_rows ? NH : 0); head < NH + NKV; ++head) {  // context rows need no query
+        float* v = row + head * D;
+        const float* norm = head < NH ? w->q_norm : w->k_norm;
+        if (norm) rms_norm(v, norm, D, w->eps, v);
+        rope(v, cs, sn, D);
+      }
+      for (int kv = 0; kv < NKV; ++kv) {
+        float* kd = k_seq + (static_cast<size_t>(kv) * capacity + starts[b] + local) * D;
+        float* vd = v_seq + (static_cast<size_t>(kv) * capacity + starts[b] + local) * D;
+        for (int i = 0; i < D; ++i) {
+          kd[i] = row[(NH + kv) * D + i];
+          vd[i] = row[(NH + NKV + kv) * D + i];
+        }
       }
     }
   }
@@ -485,13 +495,13 @@ int32_t dfl_decoder_layer(const DflLayerWeights* w, float* x, int32_t n_seqs, in
   std::vector<int> n_keys(m_count);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   for (int b = 0; b < n_seqs; ++b) {
-    const int start = static_cast<int>(starts[b]);
+    const int c_rows = first_ctx[b + 1] - first_ctx[b], start = static_cast<int>(starts[b]);
     for (int kv = 0; kv < NKV; ++kv) {
       for (int t = 0; t < q_rows; ++t)
         for (int j = 0; j < group; ++j) {
-          const float* q = qkv.data() + static_cast<size_t>(b * R + c_rows + t) * QKV + (kv * group + j) * D;
+          const float* q = qkv.data() + static_cast<size_t>(first_row[b] + c_rows + t) * QKV + (kv * group + j) * D;
           for (int i = 0; i < D; ++i) queries[(static_cast<size_t>(t) * group + j) * D + i] = q[i];
-          n_keys[t * group + j] = causal ? start + c_rows + t + 1 : start + R;
+          n_keys[t * group + j] = causal ? start + c_rows + t + 1 : start + c_rows + q_rows;
         }
       const size_t base = slots[b] * slot_size + static_cast<size_t>(kv) * capacity * D;
       attend(queries.data(), n_keys.data(), m_count, k_layer + base, v_layer + base, D, scale, scores.data(), stride,
