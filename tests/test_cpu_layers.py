@@ -128,8 +128,8 @@ def test_draft_cpu_layers_equal_the_torch_path(loaded_tiny_pair, torch_path):
 def test_batched_draft_with_ragged_contexts_equals_the_torch_path(loaded_tiny_pair, torch_path, monkeypatch):
     """Three rows in scattered slots, each with its own context length (valid prefixes) and block start."""
     calls = []
-    run_layer = cpu_layers.run_layer
-    monkeypatch.setattr(cpu_layers, "run_layer", lambda *a, **k: calls.append(a[1].shape) or run_layer(*a, **k))
+    run_layers = cpu_layers.run_layers
+    monkeypatch.setattr(cpu_layers, "run_layers", lambda *a, **k: calls.append(a[1].shape) or run_layers(*a, **k))
     draft, target = loaded_tiny_pair.draft, loaded_tiny_pair.target
     g = torch.Generator().manual_seed(5)
     n_taps = len(draft.config.target_layer_ids) * target.config.dims.hidden_size

@@ -117,6 +117,7 @@ class LayerPlan:
         self.weights = _Weights(ptr(in_norm), ptr(qkv), ptr(q_norm), ptr(k_norm), ptr(o_w), ptr(post_norm),
                                 ptr(gate_up), ptr(down_w), objects[2].shape[0], attn.num_heads, attn.num_kv_heads,
                                 attn.head_dim, objects[3].shape[1], layer.input_layernorm.eps)
+        self.pointer = ctypes.pointer(self.weights)
 
 
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:
@@ -176,34 +177,40 @@ def plans(layers: nn.ModuleList) -> list[LayerPlan] | None:
     return out
 
 
-def run_layer(
-    plan: LayerPlan,
+def run_layers(
+    plans: list[LayerPlan],
     x: torch.Tensor,  # [B * Q, H] fp32 contiguous, updated in place (Q block rows per sequence)
     context: torch.Tensor | None,  # [sum C_b, H] context features (K/V only), sequence by sequence, or None
     context_counts: torch.Tensor | None,  # [B] int32 C_b (None: no context)
     cache: KVCache,
-    layer: int,
     slots: torch.Tensor,  # [B] int64 cache slot of each sequence
     starts: torch.Tensor,  # [B] int64 absolute position of each sequence's first row of [context ; block]
     cos: torch.Tensor,  # [sum (C_b + Q), D] RoPE rows of those positions, sequence by sequence
     sin: torch.Tensor,
     causal: bool,
+    after_layer=None,  # called with the layer index after each layer (taps)
 ) -> None:
-    """One decoder layer over B sequences of [context ; block]; K/V of every row go to `cache`."""
+    """All decoder layers over B sequences of [context ; block]; K/V of every row go to `cache`
+    (layer i of `plans` uses cache layer i). Arguments are checked once, then one C++ call a layer."""
     n = slots.shape[0]
     q_rows = x.shape[0] // n
     ends = starts + q_rows + (0 if context_counts is None else context_counts)
     last = int(ends.max()) - 1
     if last >= cache.capacity:
         raise IndexError(f"KV cache capacity {cache.capacity} exceeded (position {last})")
-    k, v = cache.k[layer], cache.v[layer]  # [slots, kv_heads, capacity, D], contiguous
-    rc = library().dfl_decoder_layer(
-        ctypes.byref(plan.weights), x.data_ptr(), n, q_rows, None if context is None else context.data_ptr(),
-        None if context_counts is None else context_counts.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-        k.data_ptr(), v.data_ptr(), slots.data_ptr(), starts.data_ptr(), cache.capacity, int(causal),
-    )
-    if rc != 0:
-        raise ValueError(f"dfl_decoder_layer rejected its sizes ({n} x {q_rows} rows, starts {starts.tolist()})")
+    for t in (x, slots, starts, cos, sin, *(() if context is None else (context, context_counts))):
+        assert t.is_contiguous() and t.device.type == "cpu"
+    layer_bytes = cache.k[0].numel() * cache.k.element_size()  # [slots, kv_heads, capacity, D] per layer
+    k_base, v_base = cache.k.data_ptr(), cache.v.data_ptr()
+    args = (x.data_ptr(), n, q_rows, None if context is None else context.data_ptr(),
+            None if context_counts is None else context_counts.data_ptr(), cos.data_ptr(), sin.data_ptr())
+    tail = (slots.data_ptr(), starts.data_ptr(), cache.capacity, int(causal))
+    call = library().dfl_decoder_layer
+    for i, plan in enumerate(plans):
+        if call(plan.pointer, *args, k_base + i * layer_bytes, v_base + i * layer_bytes, *tail) != 0:
+            raise ValueError(f"dfl_decoder_layer rejected its sizes ({n} x {q_rows} rows, starts {starts.tolist()})")
+        if after_layer is not None:
+            after_layer(i)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:

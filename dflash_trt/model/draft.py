@@ -230,8 +230,7 @@ class DFlashDraft(nn.Module):
             table_cos, table_sin = self.rotary._table(int(block_positions[:, -1].max()) + 1, x.dtype)
             cos, sin = table_cos[flat], table_sin[flat]
         slots = slots.to(torch.int64).contiguous()
-        for i, plan in enumerate(plans):
-            cpu_layers.run_layer(plan, x, features, counts, cache, i, slots, starts, cos, sin, causal=False)
+        cpu_layers.run_layers(plans, x, features, counts, cache, slots, starts, cos, sin, causal=False)
         return x.view(b, q, -1)
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:

@@ -134,8 +134,10 @@ class Target(nn.Module):
         slots = slots.to(torch.int64).contiguous()
         taps = {}
         last = len(plans) - 1
-        for i, plan in enumerate(plans):
-            cpu_layers.run_layer(plan, x, None, None, cache, i, slots, starts, cos, sin, causal=True)
+
+        def tap(i: int) -> None:
             if i in tap_layers and i != last:
                 taps[i] = x.view(b, t, -1).clone()
+
+        cpu_layers.run_layers(plans, x, None, None, cache, slots, starts, cos, sin, causal=True, after_layer=tap)
         return x.view(b, t, -1), taps

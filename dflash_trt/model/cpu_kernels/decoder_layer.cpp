@@ -154,7 +154,10 @@ inline void panel_tile(const float* __restrict x, int k, const float* __restrict
   for (int kk = 0; kk < k; ++kk) {
     __m256 wv[P];
 #pragma GCC unroll 3
-    for (int q = 0; q < P; ++q) wv[q] = _mm256_load_ps(base + q * next + static_cast<size_t>(kk) * 8);
+    for (int q = 0; q < P; ++q) {
+      wv[q] = _mm256_load_ps(base + q * next + static_cast<size_t>(kk) * 8);
+      __asm__("" : "+x"(wv[q]));  // keep it in a register: GCC would re-load it in every row's FMA
+    }
 #pragma GCC unroll 4
     for (int r = 0; r < RG; ++r) {
       const __m256 xb = _mm256_broadcast_ss(x + static_cast<size_t>(r) * k + kk);
