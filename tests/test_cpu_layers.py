@@ -294,3 +294,25 @@ def test_rms_norm_equals_torch_and_steps_aside_for_autograd():
         torch.testing.assert_close(got, want.detach(), rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(norm(x), want.detach(), rtol=1e-6, atol=1e-6)
     assert cpu_layers.rms_norm(x, norm.weight, 1e-6) is None  # autograd on: the torch op
+
+
+def test_portable_build_without_avx2_equals_the_torch_path(target, torch_path, monkeypatch):
+    """The same source built for the baseline ISA (its plain loops instead of AVX2 / FMA) is right too."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the portable build is the native one off x86")
+    portable = cpu_layers.build_library(cpu_layers.PORTABLE_FLAGS, cpu_specific=False)
+    tokens = torch.randint(0, 256, (1, 50), generator=torch.Generator().manual_seed(6))
+    want_logits, want_taps = torch_path(lambda: decode_in_blocks(target, tokens, 30, 4))
+    monkeypatch.setattr(cpu_layers, "library", lambda: portable)
+    for layer in target.model.layers:  # plans hold panels packed by the other build: same layout, re-pack anyway
+        layer.__dict__.pop("_cpu_plan", None)
+    logits, taps = decode_in_blocks(target, tokens, 30, 4)
+    torch.testing.assert_close(logits, want_logits, rtol=0, atol=2e-5)
+    torch.testing.assert_close(taps, want_taps, rtol=0, atol=2e-5)
+    _, one_by_one = decode_in_blocks(target, tokens, 30, 1)
+    assert torch.equal(taps, one_by_one)
+    x, w = torch.randn(5, 37), torch.randn(11, 37)
+    with torch.inference_mode():
+        torch.testing.assert_close(cpu_layers.matmul_nt(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)

@@ -37,6 +37,7 @@ MAX_ROWS = 256  # rows per pass (all sequences); measured faster than the torch 
 
 SOURCE_DIR = Path(__file__).resolve().parent / "cpu_kernels"
 FLAGS = ("-std=c++17", "-shared", "-fPIC", "-O3", "-march=native", "-Wall", "-Wextra", "-Werror")
+PORTABLE_FLAGS = tuple(f for f in FLAGS if f != "-march=native")  # no AVX2 / FMA: the plain C++ loops
 
 _p, _i32 = ctypes.c_void_p, ctypes.c_int32
 
@@ -49,39 +50,43 @@ class _Weights(ctypes.Structure):
                 ("kv_heads", _i32), ("head_dim", _i32), ("intermediate", _i32), ("eps", ctypes.c_float)]
 
 
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """The compiled layer library, or None when turned off or not buildable (warns once)."""
-    if os.environ.get(ENV, "1") == "0":
-        return None
+_SIGNATURES = {  # name: (restype, argtypes)
+    "dfl_decoder_layer": (_i32, [ctypes.POINTER(_Weights), _p, _i32, _i32, _p, _p, _p, _p, _p, _p, _p, _p, _i32, _i32]),
+    "dfl_matmul_nt": (None, [_p, _i32, _i32, _p, _i32, _p]),
+    "dfl_pack_panels": (None, [_p, _i32, _i32, _p]),
+    "dfl_matmul_panels": (None, [_p, _i32, _i32, _p, _i32, _p]),
+    "dfl_rms_norm": (None, [_p, _i32, _i32, _p, ctypes.c_float, _p]),
+    "dfl_greedy_verify": (_i32, [_p, _i32, _i32, _p, _i32, _p, _i32, _p]),
+    "dfl_greedy_drafts": (_i32, [_p, _i32, _i32, _p, _i32, ctypes.c_float, _i32, _p]),
+}
+
+
+def build_library(flags: tuple[str, ...] = FLAGS, cpu_specific: bool = True) -> ctypes.CDLL:
+    """Compile (or reuse the cached build of) decoder_layer.cpp with `flags` and load it."""
     from dflash_trt.kernels.host_build import (  # not at import: kernels imports the model
         HostLibrary,
         build,
     )
 
-    spec = HostLibrary("libdflash_cpu_layer.so", "decoder_layer.cpp", ("decoder_layer.cpp",), FLAGS,
-                       root=SOURCE_DIR, cpu_specific=True)
+    spec = HostLibrary("libdflash_cpu_layer.so", "decoder_layer.cpp", ("decoder_layer.cpp",), flags,
+                       root=SOURCE_DIR, cpu_specific=cpu_specific)
+    handle = ctypes.CDLL(str(build(spec)))
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(handle, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return handle
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled layer library, or None when turned off or not buildable (warns once)."""
+    if os.environ.get(ENV, "1") == "0":
+        return None
     try:
-        handle = ctypes.CDLL(str(build(spec)))
+        return build_library()
     except (MissingDependencyError, RuntimeError, OSError) as e:
         warnings.warn(f"C++ CPU decoder layer unavailable, using the torch path: {e}", stacklevel=2)
         return None
-    handle.dfl_decoder_layer.restype = _i32
-    handle.dfl_decoder_layer.argtypes = [ctypes.POINTER(_Weights), _p, _i32, _i32, _p, _p, _p, _p, _p, _p, _p, _p,
-                                         _i32, _i32]
-    handle.dfl_matmul_nt.restype = None
-    handle.dfl_matmul_nt.argtypes = [_p, _i32, _i32, _p, _i32, _p]
-    handle.dfl_pack_panels.restype = None
-    handle.dfl_pack_panels.argtypes = [_p, _i32, _i32, _p]
-    handle.dfl_matmul_panels.restype = None
-    handle.dfl_matmul_panels.argtypes = [_p, _i32, _i32, _p, _i32, _p]
-    handle.dfl_rms_norm.restype = None
-    handle.dfl_rms_norm.argtypes = [_p, _i32, _i32, _p, ctypes.c_float, _p]
-    handle.dfl_greedy_verify.restype = _i32
-    handle.dfl_greedy_verify.argtypes = [_p, _i32, _i32, _p, _i32, _p, _i32, _p]
-    handle.dfl_greedy_drafts.restype = _i32
-    handle.dfl_greedy_drafts.argtypes = [_p, _i32, _i32, _p, _i32, ctypes.c_float, _i32, _p]
-    return handle
 
 
 def eager() -> bool:
