@@ -234,6 +234,24 @@ def test_a_replaced_weight_rebuilds_the_plan(target):
         layer.self_attn.o_proj.weight = old
 
 
+def test_weights_changed_in_place_are_repacked(target, torch_path):
+    """An optimizer step or load_state_dict changes weights in place: the packed copies follow."""
+    tokens = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(8))
+    decode_in_blocks(target, tokens, 30, 4)  # plans and head panels exist now
+    state = {k: v.clone() for k, v in target.state_dict().items()}
+    try:
+        with torch.no_grad():
+            for name, tensor in target.state_dict().items():
+                if "norm" not in name:
+                    tensor.mul_(1.5)
+        want = torch_path(lambda: decode_in_blocks(target, tokens, 30, 4))
+        got = decode_in_blocks(target, tokens, 30, 4)
+        torch.testing.assert_close(got[0], want[0], rtol=0, atol=5e-5)
+        torch.testing.assert_close(got[1], want[1], rtol=0, atol=5e-5)
+    finally:
+        target.load_state_dict(state)
+
+
 def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv(cpu_layers.ENV, "0")
     cpu_layers.library.cache_clear()
@@ -316,3 +334,15 @@ def test_portable_build_without_avx2_equals_the_torch_path(target, torch_path, m
     x, w = torch.randn(5, 37), torch.randn(11, 37)
     with torch.inference_mode():
         torch.testing.assert_close(cpu_layers.matmul_nt(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_head_panels_follow_in_place_changes():
+    head = nn.Linear(16, 40, bias=False)
+    hidden = torch.randn(5, 16, generator=torch.Generator().manual_seed(9))
+    with torch.inference_mode():
+        first = cpu_layers.greedy_drafts(hidden, head, 0.0, 6)
+        assert torch.equal(first, F.linear(hidden, head.weight).argmax(-1))
+        with torch.no_grad():
+            head.weight.neg_()
+        again = cpu_layers.greedy_drafts(hidden, head, 0.0, 6)
+        assert torch.equal(again, F.linear(hidden, head.weight).argmax(-1)) and not torch.equal(again, first)

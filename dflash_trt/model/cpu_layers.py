@@ -109,11 +109,18 @@ def eligible(positions: torch.Tensor, cache: KVCache) -> bool:
     return consecutive and library() is not None
 
 
+def _versions(tensors) -> tuple[int, ...]:
+    """In-place modification counters (an optimizer step or load_state_dict bumps them)."""
+    return tuple(-1 if t is None else t._version for t in tensors)
+
+
 class LayerPlan:
-    """The weight pointers of one decoder layer; valid while `_objects(layer)` returns the same objects."""
+    """The weight pointers of one decoder layer (and a packed copy of its projections); valid while
+    `_objects(layer)` returns the same tensors, unmodified (`_versions`)."""
 
     def __init__(self, objects: tuple, layer: nn.Module):
         self.objects = objects  # keeps the tensors alive and identifies them
+        self.versions = _versions(objects)
         qkv, gate_up, o_w, down_w, in_norm, post_norm, q_norm, k_norm = objects
         self.panels = [pack_panels(w) for w in (qkv, o_w, gate_up, down_w)]  # a copy of the projections
         qkv, o_w, gate_up, down_w = self.panels
@@ -173,7 +180,7 @@ def plans(layers: nn.ModuleList) -> list[LayerPlan] | None:
     for layer in layers:
         objects = _objects(layer)
         plan = layer.__dict__.get("_cpu_plan")
-        if plan is None or any(a is not b for a, b in zip(plan.objects, objects)):
+        if plan is None or any(a is not b for a, b in zip(plan.objects, objects)) or plan.versions != _versions(objects):
             if not _supported(layer, objects):
                 return None
             plan = LayerPlan(objects, layer)
@@ -257,12 +264,13 @@ def head_weight(head) -> torch.Tensor | None:
 
 
 def _head_panels(head, weight: torch.Tensor) -> torch.Tensor:
-    """`weight` packed once as panels and cached on the head (re-packed when the weight changes)."""
+    """`weight` packed once as panels and cached on the head (re-packed when the weight is replaced
+    or modified in place)."""
     cached = head.__dict__.get("_cpu_panels")
-    if cached is None or cached[0] is not weight:
-        cached = (weight, pack_panels(weight))
+    if cached is None or cached[0] is not weight or cached[1] != weight._version:
+        cached = (weight, weight._version, pack_panels(weight))
         head.__dict__["_cpu_panels"] = cached
-    return cached[1]
+    return cached[2]
 
 
 def head_ready(hidden: torch.Tensor, head) -> torch.Tensor | None:
