@@ -346,3 +346,13 @@ def test_head_panels_follow_in_place_changes():
             head.weight.neg_()
         again = cpu_layers.greedy_drafts(hidden, head, 0.0, 6)
         assert torch.equal(again, F.linear(hidden, head.weight).argmax(-1)) and not torch.equal(again, first)
+
+
+def test_inference_tensor_heads_work():
+    """A head built inside inference mode (a draft vocabulary selected there) has no version counter."""
+    with torch.inference_mode():
+        weight = torch.randn(30, 16)
+        head = type("Head", (), {})()
+        head.weight = weight
+        hidden = torch.randn(3, 16)
+        assert torch.equal(cpu_layers.greedy_drafts(hidden, head, 0.0, 6), F.linear(hidden, weight).argmax(-1))

@@ -109,9 +109,14 @@ def eligible(positions: torch.Tensor, cache: KVCache) -> bool:
     return consecutive and library() is not None
 
 
+def _version(t: torch.Tensor | None) -> int:
+    """The in-place modification counter (an optimizer step or load_state_dict bumps it); inference
+    tensors have none (0)."""
+    return -1 if t is None else (0 if t.is_inference() else t._version)
+
+
 def _versions(tensors) -> tuple[int, ...]:
-    """In-place modification counters (an optimizer step or load_state_dict bumps them)."""
-    return tuple(-1 if t is None else t._version for t in tensors)
+    return tuple(_version(t) for t in tensors)
 
 
 class LayerPlan:
@@ -267,8 +272,8 @@ def _head_panels(head, weight: torch.Tensor) -> torch.Tensor:
     """`weight` packed once as panels and cached on the head (re-packed when the weight is replaced
     or modified in place)."""
     cached = head.__dict__.get("_cpu_panels")
-    if cached is None or cached[0] is not weight or cached[1] != weight._version:
-        cached = (weight, weight._version, pack_panels(weight))
+    if cached is None or cached[0] is not weight or cached[1] != _version(weight):
+        cached = (weight, _version(weight), pack_panels(weight))
         head.__dict__["_cpu_panels"] = cached
     return cached[2]
 
