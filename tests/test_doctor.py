@@ -11,7 +11,7 @@ from dflash_trt.errors import MissingDependencyError
 from dflash_trt.trtllm import doctor, versions
 
 COMPONENTS = ["gpu", "compute capability", "cuda (driver)", "nvcc", "torch", "tensorrt", "tensorrt_llm",
-              "tritonserver", "nvidia-modelopt", "onnx", "onnxruntime", "DFlashVerify plugin"]
+              "tritonserver", "nvidia-modelopt", "onnx", "onnxruntime", "DFlashVerify plugin", "C++ CPU layer"]
 SMI_QUERY = "NVIDIA H200, 9.0, 580.65.06\n"
 SMI_HEADER = "| NVIDIA-SMI 580.65.06   Driver Version: 580.65.06   CUDA Version: 13.0 |\n"
 
@@ -32,7 +32,7 @@ def _no_tritonserver():
 
 @pytest.fixture
 def no_gpu_stack(monkeypatch):
-    import dflash_trt.triton.server as server
+    from dflash_trt.triton import server
 
     for module in ("tensorrt", "tensorrt_llm"):
         monkeypatch.setitem(sys.modules, module, None)
@@ -49,6 +49,7 @@ def test_doctor_reports_every_component_with_fixes(no_gpu_stack):
     assert rows["tensorrt"]["status"] == "missing" and "10.14" in rows["tensorrt"]["fix"]
     assert rows["nvcc"] == {"component": "nvcc", "status": "ok", "version": "13.0", "detail": rows["nvcc"]["detail"],
                             "fix": ""}
+    assert rows["C++ CPU layer"]["status"] == "ok" and rows["C++ CPU layer"]["detail"].endswith(".so")
     assert all(r["status"] in ("ok", "missing", "warn") for r in rows.values())
     assert all(r["fix"] for r in rows.values() if r["status"] == "missing")
 
@@ -86,3 +87,23 @@ def test_doctor_cli_table_and_json(no_gpu_stack):
     assert [r["component"] for r in rows] == COMPONENTS
     result = CliRunner().invoke(cli, ["doctor"])
     assert result.exit_code == 0 and "tensorrt_llm" in result.output and "missing" in result.output
+
+
+def test_doctor_reports_the_cpu_layer_switched_off_or_unbuildable(monkeypatch):
+    from dflash_trt.model import cpu_layers
+
+    monkeypatch.setenv(cpu_layers.ENV, "0")
+    (row,) = doctor.probe_cpu_layers()
+    assert row["status"] == "warn" and cpu_layers.ENV in row["fix"]
+    monkeypatch.delenv(cpu_layers.ENV)
+
+    def no_compiler():
+        raise cpu_layers.MissingDependencyError("no C++ compiler for libdflash_cpu_layer.so")
+
+    monkeypatch.setattr(cpu_layers, "build_library", no_compiler)
+    cpu_layers.library.cache_clear()
+    try:
+        (row,) = doctor.probe_cpu_layers()
+        assert row["status"] == "missing" and "no C++ compiler" in row["detail"] and "g++" in row["fix"]
+    finally:
+        cpu_layers.library.cache_clear()

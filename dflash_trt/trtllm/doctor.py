@@ -1,4 +1,5 @@
-"""What this machine has for the GPU routes (`dflash-trt doctor`): found / missing, and what to install.
+"""What this machine has for the GPU routes and the CPU runtime (`dflash-trt doctor`): found / missing,
+and what to install.
 
 Each probe returns rows {component, status, version, detail, fix}; status is `ok`, `missing` or
 `warn` (present but not what a route needs). Nothing heavy is imported: package versions come
@@ -14,7 +15,12 @@ import subprocess
 
 from dflash_trt.errors import MissingDependencyError
 from dflash_trt.trtllm import versions
-from dflash_trt.trtllm.versions import INSTALL, TENSORRT_SERIES, TRTLLM_ENGINE_VERSION, TRTLLM_LLMAPI_MIN
+from dflash_trt.trtllm.versions import (
+    INSTALL,
+    TENSORRT_SERIES,
+    TRTLLM_ENGINE_VERSION,
+    TRTLLM_LLMAPI_MIN,
+)
 
 NVIDIA_DRIVER = "install the NVIDIA driver (CUDA 13 needs >= 580) on a machine with an NVIDIA GPU"
 CUDA_TOOLKIT = "install the CUDA 13 toolkit (nvcc) or use an NGC container; needed to build plugins/dflash_verify"
@@ -122,9 +128,30 @@ def probe_plugin() -> list[dict]:
     return [row("DFlashVerify plugin", "ok", detail=str(path))]
 
 
+def probe_cpu_layers() -> list[dict]:
+    """The C++ decoder layer of the CPU torch runtime (model/cpu_layers.py): built here, or why not."""
+    import os
+    import warnings
+
+    from dflash_trt.model import cpu_layers
+
+    if os.environ.get(cpu_layers.ENV, "1") == "0":
+        return [row("C++ CPU layer", "warn", detail=f"turned off ({cpu_layers.ENV}=0): CPU passes run eager torch",
+                    fix=f"unset {cpu_layers.ENV}")]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        handle = cpu_layers.library()
+    if handle is None:
+        reason = str(caught[-1].message) if caught else "not built"
+        return [row("C++ CPU layer", "missing", detail=f"CPU runtime passes fall back to eager torch: {reason}",
+                    fix="install g++ (apt-get install g++)")]
+    return [row("C++ CPU layer", "ok", detail=handle._name)]
+
+
 def diagnose() -> list[dict]:
     """Every probe's rows, in report order."""
     return [*probe_gpu(), *probe_nvcc(), *probe_torch(), *probe_tensorrt(), *probe_trtllm(), *probe_tritonserver(),
             *probe_package("modelopt", "nvidia-modelopt", "calibration with Model Optimizer (optional)"),
             *probe_package("onnx", "onnx", "draft graph export (route A)"),
-            *probe_package("onnxruntime", "onnxruntime", "draft graphs on CPU (CI)"), *probe_plugin()]
+            *probe_package("onnxruntime", "onnxruntime", "draft graphs on CPU (CI)"), *probe_plugin(),
+            *probe_cpu_layers()]
