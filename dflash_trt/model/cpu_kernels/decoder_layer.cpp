@@ -1,9 +1,11 @@
-// One decoder layer (Qwen3 / Llama 3.x shapes, fp32) for a few rows of ONE sequence on one CPU core.
+// The CPU runtime's inference passes in C++ (fp32, Qwen3 / Llama 3.x shapes, one core): a whole
+// decoder layer per call for one or several sequences, the greedy heads (lazy verify, confident
+// drafts), RMSNorm and the projections they share. Loaded with ctypes by
+// dflash_trt/model/cpu_layers.py, which decides when a pass can use it.
 //
 // Why: at decode sizes (1..16 rows, hidden ~200..4096) an eager PyTorch layer is ~50 small ops of
 // 3..20 us of dispatch each, plus MKL's small-matrix setup; here a layer is one call that streams
-// each weight once. Used by dflash_trt/model/cpu_layers.py for the target's decode / verify passes
-// and the drafter's block pass; prefill and batches keep the torch path.
+// each weight once.
 //
 // Row independence (the lossless property this file keeps): every output element of every row is
 // computed by the same instruction sequence whatever the number of rows in the call, so a verify
