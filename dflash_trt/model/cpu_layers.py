@@ -278,13 +278,12 @@ def _head_panels(head, weight: torch.Tensor) -> torch.Tensor:
     return cached[2]
 
 
-def head_ready(hidden: torch.Tensor, head) -> torch.Tensor | None:
-    """The head's weight when `hidden` [1, R, H] (one sequence, fp32 CPU) can go through the C++
-    greedy heads (`eager`, library built); else None."""
+def head_ready(hidden: torch.Tensor, head) -> bool:
+    """Whether `hidden` [1, R, H] (one sequence, fp32 CPU) can go through the C++ greedy heads with
+    `head` (`head_weight`, `eager`, library built)."""
     if hidden.shape[0] != 1 or hidden.dtype != torch.float32 or hidden.device.type != "cpu" or not eager():
-        return None
-    weight = head_weight(head)
-    return weight if weight is not None and library() is not None else None
+        return False
+    return head_weight(head) is not None and library() is not None
 
 
 def greedy_verify(hidden: torch.Tensor, head, drafts: torch.Tensor, first: int) -> tuple[torch.Tensor, int]:

@@ -206,11 +206,12 @@ class DFlashDraft(nn.Module):
             if not torch.equal(valid, torch.arange(c)[None, :] < counts[:, None]):
                 return None
         ctx_positions = positions[:, :c]
-        first = ctx_positions[:, 0]
-        if c and not (torch.equal(first + counts, block_positions[:, 0])
-                      and bool(((ctx_positions[:, 1:] - ctx_positions[:, :-1] == 1) | ~valid[:, 1:] if valid is not None
-                                else ctx_positions[:, 1:] - ctx_positions[:, :-1] == 1).all())):
-            return None
+        if c:
+            steps = ctx_positions[:, 1:] - ctx_positions[:, :-1] == 1  # consecutive, where valid
+            if valid is not None:
+                steps |= ~valid[:, 1:]
+            if not (torch.equal(ctx_positions[:, 0] + counts, block_positions[:, 0]) and bool(steps.all())):
+                return None
         features = ctx.reshape(b * c, -1) if valid is None else ctx[valid]
         return features.contiguous(), counts.to(torch.int32)
 
@@ -227,8 +228,7 @@ class DFlashDraft(nn.Module):
             lengths = counts64 + q
             offsets = torch.cumsum(lengths, 0) - lengths
             flat = torch.repeat_interleave(starts - offsets, lengths) + torch.arange(int(lengths.sum()))
-            table_cos, table_sin = self.rotary._table(int(block_positions[:, -1].max()) + 1, x.dtype)
-            cos, sin = table_cos[flat], table_sin[flat]
+            cos, sin = self.rotary.at(flat, x.dtype)
         slots = slots.to(torch.int64).contiguous()
         cpu_layers.run_layers(plans, x, features, counts, cache, slots, starts, cos, sin, causal=False)
         return x.view(b, q, -1)
@@ -265,7 +265,7 @@ class DFlashDraft(nn.Module):
         vocab = self.vocab
         head = lm_head if vocab is None else vocab[1]
         plain = self.config.output_multiplier == 1.0 and not self.config.final_logit_softcapping
-        if plain and cpu_layers.head_ready(hidden, head) is not None:  # one sequence on CPU: the same in C++
+        if plain and cpu_layers.head_ready(hidden, head):  # one sequence on CPU: the same in C++
             drafts = cpu_layers.greedy_drafts(hidden[0], head, min_confidence, CONFIDENCE_FIRST)[None]
         else:
             drafts = confident_drafts(lambda lo, hi: self.logits(hidden[:, lo:hi], head), hidden.shape[1],

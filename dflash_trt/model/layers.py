@@ -109,6 +109,11 @@ class Rotary(nn.Module):
         cos, sin = self._table(start + n, dtype)
         return cos[start : start + n], sin[start : start + n]
 
+    def at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [N, head_dim] of flat positions [N] (gathered rows of the table)."""
+        cos, sin = self._table(int(positions.max()) + 1, dtype)
+        return cos[positions], sin[positions]
+
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [B, T] -> cos, sin [B, 1, T, head_dim] (broadcast over heads)."""
         cos, sin = self._table(int(positions.max()) + 1, dtype)

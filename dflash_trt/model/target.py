@@ -122,15 +122,11 @@ class Target(nn.Module):
         """The same through the C++ layer (model/cpu_layers.py), rows of each sequence consecutive."""
         b, t = tokens.shape
         x = self.embed(tokens).reshape(b * t, -1).contiguous()  # [B*T, H], updated in place by the layers
+        starts = positions[:, 0].contiguous()
         if b == 1:
-            start = int(positions[0, 0])
-            cos, sin = self.rotary.rows(start, t, x.dtype)
-            starts = positions[:, 0].contiguous()
+            cos, sin = self.rotary.rows(int(starts[0]), t, x.dtype)
         else:
-            table_cos, table_sin = self.rotary._table(int(positions.max()) + 1, x.dtype)
-            flat = positions.reshape(-1)
-            cos, sin = table_cos[flat], table_sin[flat]
-            starts = positions[:, 0].contiguous()
+            cos, sin = self.rotary.at(positions.reshape(-1), x.dtype)
         slots = slots.to(torch.int64).contiguous()
         taps = {}
         last = len(plans) - 1

@@ -68,7 +68,7 @@ def verify_lazily(
     One greedy sequence on CPU runs the same in C++ (`cpu_layers.greedy_verify`; the rule is argmax).
     """
     b, width, h = hidden.shape
-    if cpu_layers.head_ready(hidden, lm_head) is not None and float(sampling[0][0]) == 0.0:  # one greedy row
+    if cpu_layers.head_ready(hidden, lm_head) and float(sampling[0][0]) == 0.0:  # one greedy row
         row_tokens, a = cpu_layers.greedy_verify(hidden[0], lm_head, drafts[0], first)
         return row_tokens[None], torch.tensor([a])
     tokens = torch.full((b, width), -1, dtype=torch.int64, device=hidden.device)
