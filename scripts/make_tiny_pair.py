@@ -81,7 +81,8 @@ def token_stream(work: Path, files: list[Path]) -> torch.Tensor:
 
 
 def train_target(work: Path, stream: torch.Tensor, steps: int, seed: int, batch: int = 16, seq: int = 256,
-                 layers: int = 6) -> dict:
+                 layers: int = 6, init: Path | None = None, lr: float = 3e-3) -> dict:
+    """Train the target from scratch, or from `init` (a trained shallower target: depth up-scaling)."""
     from rich.progress import Progress
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -90,10 +91,12 @@ def train_target(work: Path, stream: torch.Tensor, steps: int, seed: int, batch:
                          eos_token_id=0, bos_token_id=None, pad_token_id=0, **(TARGET_SHAPE | {"num_hidden_layers": layers}))
     config.architectures = ["Qwen3ForCausalLM"]
     model = Qwen3ForCausalLM(config)
+    if init is not None:
+        upscale_from(model, init)
     decay = [p for n, p in model.named_parameters() if p.dim() > 1]
     other = [p for n, p in model.named_parameters() if p.dim() <= 1]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
-                            lr=3e-3, betas=(0.9, 0.95))
+                            lr=lr, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(seed)
     losses, t0, start = [], time.perf_counter(), 0
     ckpt = work / "target_ckpt.safetensors"
@@ -105,7 +108,7 @@ def train_target(work: Path, stream: torch.Tensor, steps: int, seed: int, batch:
             starts = torch.randint(0, len(stream) - seq - 1, (batch,), generator=g)
             x = torch.stack([stream[s : s + seq] for s in starts])
             for group in opt.param_groups:
-                group["lr"] = 3e-3 * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+                group["lr"] = lr * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
             loss = model(x, labels=x).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -121,7 +124,29 @@ def train_target(work: Path, stream: torch.Tensor, steps: int, seed: int, batch:
     model.to(torch.bfloat16).save_pretrained(work / "target")
     losses = losses or [float("nan")]
     return {"steps": steps, "batch": batch, "seq_len": seq, "layers": layers, "final_loss": sum(losses[-50:]) / 50,
+            "lr": lr, "init": None if init is None else str(init),
             "seconds": round(time.perf_counter() - t0), "params": sum(p.numel() for p in model.parameters())}
+
+
+def upscale_from(model, init: Path) -> None:
+    """Depth up-scaling: layer i of the deeper `model` starts as layer i * L_old // L_new of the trained
+    target in `init` (HF folder, safetensors); embeddings and the final norm are copied."""
+    from safetensors.torch import load_file
+
+    old = load_file(str(init / "model.safetensors"))
+    old_layers = json.loads((init / "config.json").read_text())["num_hidden_layers"]
+    new_layers = model.config.num_hidden_layers
+    state = {}
+    for name in model.state_dict():
+        src = name
+        if name.startswith("model.layers."):
+            i, rest = name[len("model.layers."):].split(".", 1)
+            src = f"model.layers.{int(i) * old_layers // new_layers}.{rest}"
+        if src in old:
+            state[name] = old[src].float()
+    missing = model.load_state_dict(state, strict=False).missing_keys
+    if [k for k in missing if "lm_head" not in k]:
+        raise SystemExit(f"--target-init {init}: no weights for {missing}")
 
 
 def _save_target_ckpt(path: Path, model, opt, g: torch.Generator, step: int) -> None:
@@ -205,6 +230,9 @@ def main() -> None:
     ap.add_argument("--draft-steps", type=int, default=4000)
     ap.add_argument("--draft-layers", type=int, default=1)
     ap.add_argument("--target-layers", type=int, default=6, help="decoder layers of the target (the shipped pair: 6)")
+    ap.add_argument("--target-init", type=Path, default=None,
+                    help="start the target from this trained shallower target (HF folder; layers repeated)")
+    ap.add_argument("--target-lr", type=float, default=3e-3, help="peak learning rate of the target (cosine)")
     ap.add_argument("--draft-samples", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is robust on a shared 2-core box)")
     args = ap.parse_args()
@@ -225,7 +253,8 @@ def main() -> None:
         elif stage == "target":
             stream = token_stream(args.work, train_files)
             log["data"]["train_tokens"] = len(stream)
-            log["target"] = train_target(args.work, stream, args.target_steps, args.seed, layers=args.target_layers)
+            log["target"] = train_target(args.work, stream, args.target_steps, args.seed, layers=args.target_layers,
+                                         init=args.target_init, lr=args.target_lr)
         elif stage == "draft":
             cut_prompts(args.work, train_files, args.draft_samples, 64, args.seed, "draft_prompts.jsonl")
             summary = train_drafter(args.work, args.seed, args.draft_steps, args.draft_layers)

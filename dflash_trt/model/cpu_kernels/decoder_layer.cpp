@@ -160,7 +160,7 @@ inline void panel_tile(const float* __restrict x, int k, const float* __restrict
       wv[q] = _mm256_load_ps(base + q * next + static_cast<size_t>(kk) * 8);
       __asm__("" : "+x"(wv[q]));  // keep it in a register: GCC would re-load it in every row's FMA
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < RG; ++r) {
       const __m256 xb = _mm256_broadcast_ss(x + static_cast<size_t>(r) * k + kk);
 #pragma GCC unroll 3
@@ -187,26 +187,50 @@ inline void panel_tile(const float* __restrict x, int k, const float* __restrict
       }
 }
 
+// Panels p_begin .. p_end-1 for RG rows, P panels per tile: 3 up to 4 rows (12 accumulators at 4),
+// 2 for 5-6 rows (12 at 6), so each kk step has >= 9 independent FMA chains (FMA latency 4 cycles,
+// 2 pipes) except at 1-2 rows.
 template <int RG>
-void panel_rows(const float* x, int k, const float* panels, int n, float* out) {
-  const int count = (n + 7) / 8;
-  int p = 0;
-  for (; p + 3 <= count; p += 3) panel_tile<RG, 3>(x, k, panels, p, n, out);
-  if (p + 2 <= count) panel_tile<RG, 2>(x, k, panels, p, n, out);
-  else if (p < count) panel_tile<RG, 1>(x, k, panels, p, n, out);
+void panel_span(const float* x, int k, const float* panels, int p_begin, int p_end, int n, float* out) {
+  constexpr int P = RG <= 4 ? 3 : 2;
+  int p = p_begin;
+  for (; p + P <= p_end; p += P) panel_tile<RG, P>(x, k, panels, p, n, out);
+  if (P == 3 && p + 2 <= p_end) {
+    panel_tile<RG, 2>(x, k, panels, p, n, out);
+    p += 2;
+  }
+  if (p < p_end) panel_tile<RG, 1>(x, k, panels, p, n, out);
 }
 
-// out [rows, n] = x [rows, k] @ w^T with w packed by pack_panels; rows in groups of up to 4.
+// out [rows, n] = x [rows, k] @ w^T with w packed by pack_panels. Six panels at a time across all
+// rows, so each weight is streamed from memory once per call and re-read from L1 / L2 by the other
+// row groups; rows in groups of 4, the last group 3..6 rows (never a 1- or 2-row tile after 4s).
 void matmul_panels(const float* x, int rows, int k, const float* panels, int n, float* out) {
-  int t = 0;
-  for (; t + 4 <= rows; t += 4) panel_rows<4>(x + static_cast<size_t>(t) * k, k, panels, n, out + static_cast<size_t>(t) * n);
-  const float* xt = x + static_cast<size_t>(t) * k;
-  float* ot = out + static_cast<size_t>(t) * n;
-  switch (rows - t) {
-    case 3: panel_rows<3>(xt, k, panels, n, ot); break;
-    case 2: panel_rows<2>(xt, k, panels, n, ot); break;
-    case 1: panel_rows<1>(xt, k, panels, n, ot); break;
-    default: break;
+  int groups[64], count = 0;  // rows <= 4 * 64
+  int r = rows;
+  while (r > 6 && count < 63) {
+    groups[count++] = 4;
+    r -= 4;
+  }
+  groups[count++] = r;
+  const int panel_count = (n + 7) / 8;
+  for (int pb = 0; pb < panel_count; pb += 6) {
+    const int pe = pb + 6 < panel_count ? pb + 6 : panel_count;
+    int t = 0;
+    for (int g = 0; g < count; ++g) {
+      const float* xt = x + static_cast<size_t>(t) * k;
+      float* ot = out + static_cast<size_t>(t) * n;
+      switch (groups[g]) {
+        case 1: panel_span<1>(xt, k, panels, pb, pe, n, ot); break;
+        case 2: panel_span<2>(xt, k, panels, pb, pe, n, ot); break;
+        case 3: panel_span<3>(xt, k, panels, pb, pe, n, ot); break;
+        case 4: panel_span<4>(xt, k, panels, pb, pe, n, ot); break;
+        case 5: panel_span<5>(xt, k, panels, pb, pe, n, ot); break;
+        case 6: panel_span<6>(xt, k, panels, pb, pe, n, ot); break;
+        default: break;
+      }
+      t += groups[g];
+    }
   }
 }
 
@@ -270,63 +294,98 @@ inline __m256 dot8_keys(const float* q, const float* k, int d) {
   return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
 }
 
-// One query over keys 0..n-1 (head dim 8 DV): scores 8 keys at a time, softmax, and the weighted
-// values summed in registers. scores: n rounded up to 8 floats of scratch.
-template <int DV>
-void attend_query(const float* q, int n, const float* keys, const float* values, float scale, float* scores,
-                  float* out) {
-  constexpr int d = 8 * DV;
-  const __m256 vscale = _mm256_set1_ps(scale);
-  int s = 0;
-  for (; s + 8 <= n; s += 8) _mm256_storeu_ps(scores + s, _mm256_mul_ps(dot8_keys(q, keys + static_cast<size_t>(s) * d, d), vscale));
-  for (; s < n; ++s) scores[s] = dot(q, keys + static_cast<size_t>(s) * d, d) * scale;
-  // max and sum in 8 lanes (the same order for a given n), then the weighted values in two
-  // interleaved sets of accumulators (even / odd keys) so the FMA chains overlap
-  const int padded = (n + 7) & ~7;
-  for (s = n; s < padded; ++s) scores[s] = -INFINITY;
-  __m256 vtop = _mm256_set1_ps(-INFINITY);
-  for (s = 0; s < padded; s += 8) vtop = _mm256_max_ps(vtop, _mm256_loadu_ps(scores + s));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, vtop);
-  float top = lanes[0];
-  for (int l = 1; l < 8; ++l) top = lanes[l] > top ? lanes[l] : top;
-  const __m256 shift = _mm256_set1_ps(top);
-  __m256 vtotal = _mm256_setzero_ps();
-  for (s = 0; s < padded; s += 8) {
-    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + s), shift));
-    if (s + 8 > n) e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - s),
-                                                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
-    _mm256_storeu_ps(scores + s, e);
-    vtotal = _mm256_add_ps(vtotal, e);
-  }
-  _mm256_store_ps(lanes, vtotal);
-  const float total = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-  __m256 even[DV], odd[DV];
-  for (int j = 0; j < DV; ++j) even[j] = odd[j] = _mm256_setzero_ps();
-  for (s = 0; s + 2 <= n; s += 2) {
-    const __m256 p0 = _mm256_set1_ps(scores[s]), p1 = _mm256_set1_ps(scores[s + 1]);
-    const float* v0 = values + static_cast<size_t>(s) * d;
-    const float* v1 = v0 + d;
-    for (int j = 0; j < DV; ++j) {
-      even[j] = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0 + 8 * j), even[j]);
-      odd[j] = _mm256_fmadd_ps(p1, _mm256_loadu_ps(v1 + 8 * j), odd[j]);
-    }
-  }
-  if (s < n) {
-    const __m256 p0 = _mm256_set1_ps(scores[s]);
-    const float* v0 = values + static_cast<size_t>(s) * d;
-    for (int j = 0; j < DV; ++j) even[j] = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0 + 8 * j), even[j]);
-  }
-  const __m256 inv = _mm256_set1_ps(1.0f / total);
-  for (int j = 0; j < DV; ++j) _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(_mm256_add_ps(even[j], odd[j]), inv));
-}
+// Attention of M queries over one K/V head (head dim 8 DV), all in a fixed order per query:
+//   1) scores 8 keys at a time (dot8_keys; the last n % 8 keys one by one), every query for one key
+//      block before the next block, so a block is read from L2 once and from L1 by the others;
+//   2) per query: max and exp-sum in 8 lanes;
+//   3) the weighted values in two interleaved accumulator sets (even / odd keys) so the FMA chains
+//      overlap, keys in chunks of KEY_CHUNK shared by all queries (accumulators parked in `state`).
+// A query's result depends only on its own vector and keys: the same whatever else shares the call.
+constexpr int KEY_CHUNK = 64;  // 64 keys x (d <= 128) x 4 B <= 32 KB: stays in L1 across queries
 
 template <int DV>
 bool attend_each(const float* queries, const int* n_keys, int m_count, const float* keys, const float* values,
                  float scale, float* scores, int stride, float* out) {
-  for (int m = 0; m < m_count; ++m)
-    attend_query<DV>(queries + static_cast<size_t>(m) * 8 * DV, n_keys[m], keys, values, scale,
-                     scores + static_cast<size_t>(m) * stride, out + static_cast<size_t>(m) * 8 * DV);
+  constexpr int d = 8 * DV;
+  const __m256 vscale = _mm256_set1_ps(scale);
+  int most = 0;
+  for (int m = 0; m < m_count; ++m) most = n_keys[m] > most ? n_keys[m] : most;
+  for (int s = 0; s < most; s += 8) {
+    const float* k = keys + static_cast<size_t>(s) * d;
+    for (int m = 0; m < m_count; ++m) {
+      const float* q = queries + static_cast<size_t>(m) * d;
+      float* row = scores + static_cast<size_t>(m) * stride;
+      const int n = n_keys[m];
+      if (s + 8 <= n) {
+        _mm256_storeu_ps(row + s, _mm256_mul_ps(dot8_keys(q, k, d), vscale));
+      } else {
+        for (int t = s; t < n; ++t) row[t] = dot(q, keys + static_cast<size_t>(t) * d, d) * scale;
+      }
+    }
+  }
+  alignas(32) float lanes[8];
+  std::vector<float> total(m_count);
+  for (int m = 0; m < m_count; ++m) {  // max and sum in 8 lanes (the same order for a given n)
+    float* row = scores + static_cast<size_t>(m) * stride;
+    const int n = n_keys[m], padded = (n + 7) & ~7;
+    for (int s = n; s < padded; ++s) row[s] = -INFINITY;
+    __m256 vtop = _mm256_set1_ps(-INFINITY);
+    for (int s = 0; s < padded; s += 8) vtop = _mm256_max_ps(vtop, _mm256_loadu_ps(row + s));
+    _mm256_store_ps(lanes, vtop);
+    float top = lanes[0];
+    for (int l = 1; l < 8; ++l) top = lanes[l] > top ? lanes[l] : top;
+    const __m256 shift = _mm256_set1_ps(top);
+    __m256 vtotal = _mm256_setzero_ps();
+    for (int s = 0; s < padded; s += 8) {
+      __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + s), shift));
+      if (s + 8 > n) e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - s),
+                                                                                  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+      _mm256_storeu_ps(row + s, e);
+      vtotal = _mm256_add_ps(vtotal, e);
+    }
+    _mm256_store_ps(lanes, vtotal);
+    total[m] = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+  }
+  std::vector<float> state(static_cast<size_t>(m_count) * 2 * d, 0.0f);  // even / odd sums per query
+  for (int c0 = 0; c0 < most; c0 += KEY_CHUNK) {
+    for (int m = 0; m < m_count; ++m) {
+      const int n = n_keys[m], c1 = c0 + KEY_CHUNK < n ? c0 + KEY_CHUNK : n;
+      if (c0 >= n) continue;
+      const float* row = scores + static_cast<size_t>(m) * stride;
+      float* st = state.data() + static_cast<size_t>(m) * 2 * d;
+      __m256 even[DV], odd[DV];
+      for (int j = 0; j < DV; ++j) {
+        even[j] = _mm256_loadu_ps(st + 8 * j);
+        odd[j] = _mm256_loadu_ps(st + d + 8 * j);
+      }
+      int s = c0;
+      for (; s + 2 <= c1; s += 2) {
+        const __m256 p0 = _mm256_set1_ps(row[s]), p1 = _mm256_set1_ps(row[s + 1]);
+        const float* v0 = values + static_cast<size_t>(s) * d;
+        const float* v1 = v0 + d;
+        for (int j = 0; j < DV; ++j) {
+          even[j] = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0 + 8 * j), even[j]);
+          odd[j] = _mm256_fmadd_ps(p1, _mm256_loadu_ps(v1 + 8 * j), odd[j]);
+        }
+      }
+      if (s < c1) {  // only at the query's last key (chunks are even-sized)
+        const __m256 p0 = _mm256_set1_ps(row[s]);
+        const float* v0 = values + static_cast<size_t>(s) * d;
+        for (int j = 0; j < DV; ++j) even[j] = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0 + 8 * j), even[j]);
+      }
+      for (int j = 0; j < DV; ++j) {
+        _mm256_storeu_ps(st + 8 * j, even[j]);
+        _mm256_storeu_ps(st + d + 8 * j, odd[j]);
+      }
+    }
+  }
+  for (int m = 0; m < m_count; ++m) {
+    const float* st = state.data() + static_cast<size_t>(m) * 2 * d;
+    const __m256 inv = _mm256_set1_ps(1.0f / total[m]);
+    for (int j = 0; j < DV; ++j)
+      _mm256_storeu_ps(out + static_cast<size_t>(m) * d + 8 * j,
+                       _mm256_mul_ps(_mm256_add_ps(_mm256_loadu_ps(st + 8 * j), _mm256_loadu_ps(st + d + 8 * j)), inv));
+  }
   return true;
 }
 #endif
