@@ -157,8 +157,8 @@ inline void panel_tile(const float* __restrict x, int k, const float* __restrict
     __m256 wv[P];
 #pragma GCC unroll 3
     for (int q = 0; q < P; ++q) {
-      if (RG > 1 && (kk & 1) == 0)  // a line (2 kk steps) 16 lines ahead: DRAM-resident weights stream while the FMAs run
-        _mm_prefetch(reinterpret_cast<const char*>(base + q * next + static_cast<size_t>(kk + 32) * 8), _MM_HINT_T0);
+      if (RG > 1 && (kk & 1) == 0)  // 8 KB ahead: DRAM-resident weights stream while the FMAs run
+        _mm_prefetch(reinterpret_cast<const char*>(base + q * next + static_cast<size_t>(kk + 256) * 8), _MM_HINT_T0);
       wv[q] = _mm256_load_ps(base + q * next + static_cast<size_t>(kk) * 8);
       __asm__("" : "+x"(wv[q]));  // keep it in a register: GCC would re-load it in every row's FMA
     }
