@@ -137,12 +137,15 @@ def upscale_from(model, init: Path) -> None:
     old_layers = json.loads((init / "config.json").read_text())["num_hidden_layers"]
     new_layers = model.config.num_hidden_layers
     state = {}
-    for name in model.state_dict():
+    for name, param in model.state_dict().items():
         src = name
         if name.startswith("model.layers."):
             i, rest = name[len("model.layers."):].split(".", 1)
             src = f"model.layers.{int(i) * old_layers // new_layers}.{rest}"
         if src in old:
+            if old[src].shape != param.shape:
+                raise SystemExit(f"--target-init {init}: {src} has shape {tuple(old[src].shape)}, "
+                                 f"the target's {name} needs {tuple(param.shape)}")
             state[name] = old[src].float()
     missing = model.load_state_dict(state, strict=False).missing_keys
     if [k for k in missing if "lm_head" not in k]:
