@@ -158,6 +158,11 @@ class DFlashDraft(nn.Module):
         if self.config.input_embedding_scale != 1.0:
             x = x * self.config.input_embedding_scale
         b, width, _ = x.shape
+        if b == 1 and self.full_attention and cpu_layers.eligible(block_positions, cache):
+            plans = cpu_layers.plans(self.layers)
+            out = self._one_sequence_cpu(plans, x, context, block_positions, cache, slots) if plans else None
+            if out is not None:
+                return out
         positions, valid, ctx = block_positions, None, None
         if context is not None:
             hidden, ctx_positions, ctx_valid = context
@@ -214,6 +219,27 @@ class DFlashDraft(nn.Module):
                 return None
         features = ctx.reshape(b * c, -1) if valid is None else ctx[valid]
         return features.contiguous(), counts.to(torch.int32)
+
+    def _one_sequence_cpu(self, plans, x, context, block_positions, cache: KVCache, slots) -> torch.Tensor | None:
+        """The C++ pass for one sequence with Python ints in place of the batched path's tensor
+        bookkeeping (~250 µs less per draft step here): the same K/V writes and outputs. None when the
+        context is not the consecutive run of positions right before the block (the general path)."""
+        start = int(block_positions[0, 0])
+        features, counts, n = None, None, 0
+        if context is not None:
+            hidden, ctx_positions, ctx_valid = context
+            n = hidden.shape[1] if ctx_valid is None else int(ctx_valid.sum())  # one row: a prefix is valid
+            if n:
+                first = int(ctx_positions[0, 0])
+                if first + n != start or int(ctx_positions[0, n - 1]) != start - 1:
+                    return None
+                features = self.context_features(hidden[0, :n]).contiguous()
+                counts = torch.tensor([n], dtype=torch.int32)
+        x = x.reshape(width := x.shape[1], -1).clone()  # updated in place
+        cos, sin = self.rotary.rows(start - n, n + width, x.dtype)
+        cpu_layers.run_layers(plans, x, features, counts, cache, slots.to(torch.int64).contiguous(),
+                              torch.tensor([start - n]), cos, sin, causal=False)
+        return self.norm(x.view(1, width, -1))
 
     def _layers_cpu(self, plans, x, features, counts, block_positions, cache: KVCache, slots) -> torch.Tensor:
         """All layers through the C++ layer (model/cpu_layers.py) -> [B, Q, H]. features [sum C_b, H]
