@@ -26,6 +26,7 @@ import json
 import math
 import random
 import shutil
+import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -125,6 +126,8 @@ def train_target(work: Path, stream: torch.Tensor, steps: int, seed: int, batch:
     losses = losses or [float("nan")]
     return {"steps": steps, "batch": batch, "seq_len": seq, "layers": layers, "final_loss": sum(losses[-50:]) / 50,
             "lr": lr, "init": None if init is None else str(init),
+            "init_layers": None if init is None else json.loads((init / "config.json").read_text())["num_hidden_layers"],
+            "command": " ".join(["python", "scripts/make_tiny_pair.py", *sys.argv[1:]]),
             "seconds": round(time.perf_counter() - t0), "params": sum(p.numel() for p in model.parameters())}
 
 
@@ -278,7 +281,7 @@ def main() -> None:
 def measure(work: Path, prompts: int = 32, new_tokens: int = 128) -> dict:
     """τ at block 8 and 16 and the DFlash / AR speed ratio on held-out prompts (greedy, batch 1)."""
     from dflash_trt.bench.local import bench_block_size, load_prompts, warm_up
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.runtime.local import default_draft_confidence, load_pair
     from dflash_trt.spec.sampling import SamplingParams
     from dflash_trt.tokenizer import stop_token_ids
 
@@ -288,11 +291,15 @@ def measure(work: Path, prompts: int = 32, new_tokens: int = 128) -> dict:
     with torch.inference_mode():
         warm_up(pair, held[0], 16)
     out = {}
-    for block in (8, 16):
-        r = bench_block_size(pair, held, block, new_tokens, SamplingParams(), stops)
-        out[f"block_{block}"] = {k: v for k, v in r.to_dict().items() if k != "acceptance_histogram"}
-        print(f"block {block}: tau {r.mean_acceptance_length:.2f}, DFlash {r.spec_tokens_per_s:.1f} tok/s, "
-              f"AR {r.ar_tokens_per_s:.1f} tok/s, speed-up {r.speedup:.2f}x, identical {r.identical}", flush=True)
+    cut = default_draft_confidence("cpu")
+    for confidence in (0.0, cut):  # full blocks (the τ the drafter reaches), then the CPU default
+        for block in (8, 16):
+            r = bench_block_size(pair, held, block, new_tokens, SamplingParams(), stops, min_confidence=confidence)
+            key = f"block_{block}" + (f"_confidence_{confidence}" if confidence else "")
+            out[key] = {k: v for k, v in r.to_dict().items() if k != "acceptance_histogram"} | {"confidence": confidence}
+            print(f"block {block}, confidence {confidence}: tau {r.mean_acceptance_length:.2f}, DFlash "
+                  f"{r.spec_tokens_per_s:.1f} tok/s, AR {r.ar_tokens_per_s:.1f} tok/s, speed-up {r.speedup:.2f}x, "
+                  f"identical {r.identical}", flush=True)
     return out
 
 
@@ -302,13 +309,21 @@ def write_cards(work: Path, log: dict) -> None:
     record = json.loads((work / "draft" / "dflash_trt_draft_vocab.json").read_text())
     vocab = {"n": len(record["token_ids"]), "recommended": record["recommended_size"]}
     table = "\n".join(
-        f"| {b.split('_')[1]} | {v['mean_acceptance_length']:.2f} | {v['spec_tokens_per_s']:.1f} | "
-        f"{v['ar_tokens_per_s']:.1f} | {v['speedup']:.2f}x | {v['identical']} |" for b, v in m.items())
-    measured = ("| block size | τ | DFlash tok/s | AR tok/s | speed-up | identical |\n|---|---|---|---|---|---|\n"
+        f"| {b.split('_')[1]} | {v.get('confidence', 0.0) or 'full blocks'} | {v['mean_acceptance_length']:.2f} | "
+        f"{v['spec_tokens_per_s']:.1f} | {v['ar_tokens_per_s']:.1f} | {v['speedup']:.2f}x | {v['identical']} |"
+        for b, v in m.items())
+    measured = ("| block size | draft confidence | τ | DFlash tok/s | AR tok/s | speed-up | identical |\n"
+                "|---|---|---|---|---|---|---|\n"
                 + table + "\n\nGreedy, batch 1, fp32, one CPU thread, on 32 held-out prompts x 128 new tokens "
                 "(`dflash_trt/assets/heldout_prompts.jsonl`); `dflash-trt bench` reproduces it.")
     source = (f"Python {data['stdlib']} standard library sources ({data['train_files']} training files, "
               f"{data.get('train_tokens', '?')} tokens; {data['heldout_files']} files held out by path hash)")
+    reproduce = "`python scripts/make_tiny_pair.py --stage all --seed 0`"
+    upscaled = ""
+    if t.get("init"):
+        upscaled = (f", starting from a trained {t.get('init_layers', '?')}-layer target whose layers were repeated "
+                    f"(depth up-scaling, `--target-init`); that target's own training is in `make_log.json`")
+        reproduce = f"`{t.get('command', 'python scripts/make_tiny_pair.py --target-init DIR ...')}` (see make_log.json)"
     (work / "target" / "README.md").write_text(f"""# tiny-qwen3 (dflash-trt's embedded default target)
 
 A Qwen3-architecture causal LM trained from scratch for dflash-trt's tests, quickstart and benchmarks.
@@ -319,9 +334,9 @@ A Qwen3-architecture causal LM trained from scratch for dflash-trt's tests, quic
 - tokenizer: byte-level BPE (vocab 4096) trained on the same data; `<|endoftext|>` = 0 (EOS), `<|mask|>` = 1
   (DFlash mask token); no chat template (it is a code model)
 - data: {source}
-- training: {t['steps']} steps x {t['batch']} x {t['seq_len']} tokens, AdamW (lr 3e-3, cosine), final loss {t['final_loss']:.2f},
-  {t['seconds']} s on the 2-core CPU dev machine
-- reproduce: `python scripts/make_tiny_pair.py --stage all --seed 0`
+- training: {t['steps']} steps x {t['batch']} x {t['seq_len']} tokens, AdamW (lr {t.get('lr', 3e-3):g}, cosine), final loss {t['final_loss']:.2f},
+  {t['seconds']} s on the 2-core CPU dev machine{upscaled}
+- reproduce: {reproduce}
 
 Not a useful language model: a small, fast, real target whose greedy continuations a drafter can learn.
 """)

@@ -224,7 +224,7 @@ class DFlashDraft(nn.Module):
         """The C++ pass for one sequence with Python ints in place of the batched path's tensor
         bookkeeping (~250 µs less per draft step here): the same K/V writes and outputs. None when the
         context is not the consecutive run of positions right before the block (the general path)."""
-        start = int(block_positions[0, 0])
+        start, width = int(block_positions[0, 0]), x.shape[1]
         features, counts, n = None, None, 0
         if context is not None:
             hidden, ctx_positions, ctx_valid = context
@@ -235,7 +235,7 @@ class DFlashDraft(nn.Module):
                     return None
                 features = self.context_features(hidden[0, :n]).contiguous()
                 counts = torch.tensor([n], dtype=torch.int32)
-        x = x.reshape(width := x.shape[1], -1).clone()  # updated in place
+        x = x.reshape(width, -1).clone()  # updated in place
         cos, sin = self.rotary.rows(start - n, n + width, x.dtype)
         cpu_layers.run_layers(plans, x, features, counts, cache, slots.to(torch.int64).contiguous(),
                               torch.tensor([start - n]), cos, sin, causal=False)
