@@ -32,6 +32,8 @@ from dflash_trt.cli_types import INT_LIST
 @click.option("--save-every", type=click.IntRange(min=1), default=200, show_default=True,
               help="Steps between resumable checkpoints (OUT.train-state/).")
 @click.option("--device", default="auto", show_default=True)
+@click.option("--init", type=click.Path(exists=True, file_okay=False),
+              help="Start from this drafter's weights (same layers, taps, block size): train longer or fine-tune.")
 def train_draft_command(**options):
     """Train a drafter: frozen target taps + random anchor blocks, decayed cross-entropy.
 

@@ -15,6 +15,17 @@ the previous stage's output in --work):
 
     python scripts/make_tiny_pair.py --stage all --seed 0
 
+A deeper target can be grown from a trained shallower one (depth up-scaling, --target-init); the
+24-layer candidate in docs/benchmarks.md (2026-11-30, "a 24-layer target") came from:
+
+    python scripts/make_tiny_pair.py --work out/tiny_pair_v4 --stage tokenizer
+    python scripts/make_tiny_pair.py --work out/tiny_pair_v4 --stage target --target-layers 12 --target-steps 800
+    python scripts/make_tiny_pair.py --work out/tiny_pair_v6 --stage target --target-layers 24 --target-steps 400 \
+        --target-init out/tiny_pair_v4/target --target-lr 1.5e-3
+    python scripts/make_tiny_pair.py --work out/tiny_pair_v6 --stage draft --draft-layers 2 --draft-samples 6144 \
+        --draft-steps 3000 --threads 2
+    python scripts/make_tiny_pair.py --work out/tiny_pair_v6 --stage prompts   # then measure, install
+
 Timing on the 2-core CPU dev machine: see dflash_trt/assets/README.md (written by this script).
 """
 
@@ -129,6 +140,19 @@ def train_target(work: Path, stream: torch.Tensor, steps: int, seed: int, batch:
             "init_layers": None if init is None else json.loads((init / "config.json").read_text())["num_hidden_layers"],
             "command": " ".join(["python", "scripts/make_tiny_pair.py", *sys.argv[1:]]),
             "seconds": round(time.perf_counter() - t0), "params": sum(p.numel() for p in model.parameters())}
+
+
+def adopt_init(work: Path, init: Path, log: dict) -> None:
+    """For --target-init: the init target's tokenizer (when --work has none) and, for the model card,
+    how that target was made (its make_log.json one folder up, when there is one)."""
+    out = work / "target"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if not (out / name).is_file():
+            shutil.copy(init / name, out / name)
+    parent_log = init.parent / "make_log.json"
+    if parent_log.is_file():
+        log["target_init"] = json.loads(parent_log.read_text()).get("target")
 
 
 def upscale_from(model, init: Path) -> None:
@@ -257,6 +281,8 @@ def main() -> None:
         if stage == "tokenizer":
             train_tokenizer(args.work, train_files)
         elif stage == "target":
+            if args.target_init is not None:
+                adopt_init(args.work, args.target_init, log)
             stream = token_stream(args.work, train_files)
             log["data"]["train_tokens"] = len(stream)
             log["target"] = train_target(args.work, stream, args.target_steps, args.seed, layers=args.target_layers,
@@ -321,8 +347,11 @@ def write_cards(work: Path, log: dict) -> None:
     reproduce = "`python scripts/make_tiny_pair.py --stage all --seed 0`"
     upscaled = ""
     if t.get("init"):
-        upscaled = (f", starting from a trained {t.get('init_layers', '?')}-layer target whose layers were repeated "
-                    f"(depth up-scaling, `--target-init`); that target's own training is in `make_log.json`")
+        first = log.get("target_init") or {}
+        made = (f" ({first['steps']} steps from scratch, {first['seconds']} s, final loss {first['final_loss']:.2f})"
+                if {"steps", "seconds", "final_loss"} <= first.keys() else "")
+        upscaled = (f", starting from a trained {t.get('init_layers', '?')}-layer target{made} whose layers were "
+                    f"repeated (depth up-scaling, `--target-init`); both runs are in `make_log.json`")
         reproduce = f"`{t.get('command', 'python scripts/make_tiny_pair.py --target-init DIR ...')}` (see make_log.json)"
     (work / "target" / "README.md").write_text(f"""# tiny-qwen3 (dflash-trt's embedded default target)
 

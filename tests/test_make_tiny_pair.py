@@ -47,3 +47,15 @@ def test_upscale_rejects_a_different_shape(tmp_path):
     other.save_pretrained(tmp_path / "other")
     with pytest.raises(SystemExit, match="model.embed_tokens.weight has shape"):
         _script().upscale_from(_model(4, seed=1), tmp_path / "other")
+
+
+def test_adopt_init_copies_the_tokenizer_and_records_the_init_log(tmp_path):
+    init = tmp_path / "shallow" / "target"
+    init.mkdir(parents=True)
+    (init / "tokenizer.json").write_text('{"tok": 1}')
+    (init / "tokenizer_config.json").write_text("{}")
+    (tmp_path / "shallow" / "make_log.json").write_text('{"target": {"layers": 12, "steps": 800}}')
+    log = {}
+    _script().adopt_init(tmp_path / "deep", init, log)
+    assert (tmp_path / "deep" / "target" / "tokenizer.json").read_text() == '{"tok": 1}'
+    assert log["target_init"] == {"layers": 12, "steps": 800}

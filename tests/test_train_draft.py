@@ -92,3 +92,24 @@ def test_anchors_respect_loss_mask():
     used = [a for a in batch.anchors[0].tolist() if a >= 0]
     assert used and all(a + 1 >= 20 for a in used)
     assert all(v == -100 or v >= 20 for v in batch.labels.flatten().tolist())
+
+
+def test_init_starts_from_an_existing_drafter(tiny_pair, tmp_path):
+    data = _data(tmp_path / "d.jsonl")
+    first = _train(tiny_pair[0], data, tmp_path / "a", 30)
+    # a 1-step run at a negligible lr: the start really is the first drafter's weights
+    again = _train(tiny_pair[0], data, tmp_path / "b", 1, ("--init", str(tmp_path / "a"), "--lr", "1e-9"))
+    a, b = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(tmp_path / "b" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert again["loss_history"][0] < first["loss_history"][0] - 0.25  # started trained, not from noise
+    fresh = _train(tiny_pair[0], data, tmp_path / "c", 1, ("--lr", "1e-9"))
+    assert fresh["loss_history"][0] > again["loss_history"][0] + 0.25
+
+
+def test_init_with_other_taps_is_refused(tiny_pair, tmp_path):
+    data = _data(tmp_path / "d.jsonl")
+    _train(tiny_pair[0], data, tmp_path / "a", 2)
+    args = ["train-draft", "--target", str(tiny_pair[0]), "--data", str(data), "--out", str(tmp_path / "b"),
+            "--steps", "1", "--block-size", "4", "--mask-token-id", "255", "--init", str(tmp_path / "a")]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1 and "its block_size is 8, this run's is 4" in result.output

@@ -16,7 +16,10 @@ _IDENTITY = ("target", "block_size", "layers", "target_layer_ids", "mask_token_i
 
 
 def _identity(cfg) -> dict:
-    return {k: getattr(cfg, k) for k in _IDENTITY}
+    identity = {k: getattr(cfg, k) for k in _IDENTITY}
+    if getattr(cfg, "init", None) is not None:  # absent when unset: states saved before --init existed still resume
+        identity["init"] = cfg.init
+    return identity
 
 
 def save(state_dir: Path, cfg, draft: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:

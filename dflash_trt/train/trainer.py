@@ -49,6 +49,7 @@ class TrainDraftConfig:
     seed: int = 0
     save_every: int = 200
     device: str = "auto"
+    init: str | None = None  # a drafter folder whose weights the run starts from (same shapes and taps)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -102,6 +103,26 @@ def new_draft(config: DraftConfig, seed: int, device) -> DFlashDraft:
     return draft.to(device)
 
 
+def start_from(draft: DFlashDraft, folder: str) -> None:
+    """Load the weights of the drafter in `folder` (z-lab format, safetensors) into `draft`, which must
+    have the same architecture, tapped layers and block size (fine-tuning / training longer)."""
+    from dflash_trt.checkpoint.hf import read_draft
+
+    ckpt = read_draft(folder)
+    want, got = draft.config, ckpt.config
+    for name, a, b in (("layers", want.dims.num_layers, got.dims.num_layers),
+                       ("hidden_size", want.dims.hidden_size, got.dims.hidden_size),
+                       ("target_layer_ids", tuple(want.target_layer_ids), tuple(got.target_layer_ids)),
+                       ("block_size", want.block_size, got.block_size),
+                       ("mask_token_id", want.mask_token_id, got.mask_token_id)):
+        if a != b:
+            raise ConfigError(f"--init {folder}: its {name} is {b}, this run's is {a}")
+    names = [n for n in ckpt.weights.names() if not n.endswith("rotary_emb.inv_freq")]
+    state = ckpt.weights.load(names, next(draft.parameters()).dtype)
+    with torch.no_grad():
+        draft.load_state_dict({k: v.to(next(draft.parameters()).device) for k, v in state.items()}, strict=True)
+
+
 def prepare_samples(cfg: TrainDraftConfig, pair, state_dir: Path, progress) -> list:
     """Read (and regenerate) the training samples once; cached in the state folder for resume."""
     cached = state_dir / "samples.jsonl"
@@ -133,6 +154,8 @@ def train_draft(cfg: TrainDraftConfig) -> dict:
     state_dir.mkdir(parents=True, exist_ok=True)
     draft_config = build_draft_config(cfg, pair)
     draft = new_draft(draft_config, cfg.seed, device)
+    if cfg.init is not None:
+        start_from(draft, cfg.init)
     optimizer = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     step = train_state.load(state_dir, cfg, draft, optimizer)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
