@@ -233,7 +233,7 @@ def cut_prompts(work: Path, files: list[Path], n: int, length: int, seed: int, n
     return path
 
 
-def train_drafter(work: Path, seed: int, steps: int, layers: int) -> dict:
+def train_drafter(work: Path, seed: int, steps: int, layers: int, init: Path | None = None, lr: float = 1.5e-3) -> dict:
     from dflash_trt.train.trainer import TrainDraftConfig, train_draft
 
     depth = json.loads((work / "target" / "config.json").read_text())["num_hidden_layers"]
@@ -243,9 +243,10 @@ def train_drafter(work: Path, seed: int, steps: int, layers: int) -> dict:
     (work / "draft_data.jsonl").write_text("".join(json.dumps({"token_ids": r["token_ids"]}) + "\n" for r in records))
     cfg = TrainDraftConfig(
         target=str(work / "target"), data=[str(work / "draft_data.jsonl")], out=str(work / "draft"),
-        block_size=16, layers=layers, steps=steps, batch_size=8, seq_len=256, num_anchors=32, lr=1.5e-3,
+        block_size=16, layers=layers, steps=steps, batch_size=8, seq_len=256, num_anchors=32, lr=lr,
         target_layer_ids=taps,  # include the last layer (HF post-norm): shallow targets need deep taps
         regenerate=True, regen_prompt_tokens=64, regen_new_tokens=192, seed=seed, save_every=250,
+        init=None if init is None else str(init),
     )
     return train_draft(cfg)
 
@@ -263,6 +264,10 @@ def main() -> None:
     ap.add_argument("--target-init", type=Path, default=None,
                     help="start the target from this trained shallower target (HF folder; layers repeated)")
     ap.add_argument("--target-lr", type=float, default=3e-3, help="peak learning rate of the target (cosine)")
+    ap.add_argument("--draft-init", type=Path, default=None,
+                    help="start the drafter from this trained drafter (train-draft --init); the run's out folder "
+                         "and state are --work/draft*, so move a previous drafter elsewhere first")
+    ap.add_argument("--draft-lr", type=float, default=1.5e-3, help="peak learning rate of the drafter (cosine)")
     ap.add_argument("--draft-samples", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is robust on a shared 2-core box)")
     args = ap.parse_args()
@@ -289,9 +294,11 @@ def main() -> None:
                                          init=args.target_init, lr=args.target_lr)
         elif stage == "draft":
             cut_prompts(args.work, train_files, args.draft_samples, 64, args.seed, "draft_prompts.jsonl")
-            summary = train_drafter(args.work, args.seed, args.draft_steps, args.draft_layers)
+            summary = train_drafter(args.work, args.seed, args.draft_steps, args.draft_layers, args.draft_init,
+                                    args.draft_lr)
             log["draft"] = {k: v for k, v in summary.items() if k != "loss_history"} | {
-                "layers": args.draft_layers, "samples": args.draft_samples}
+                "layers": args.draft_layers, "samples": args.draft_samples, "lr": args.draft_lr,
+                "init": None if args.draft_init is None else str(args.draft_init)}
         elif stage == "prompts":
             cut_prompts(args.work, held_files, 64, 64, args.seed + 1, "heldout_prompts.jsonl")
         elif stage == "measure":
