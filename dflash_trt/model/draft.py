@@ -157,7 +157,7 @@ class DFlashDraft(nn.Module):
         x = noise_embedding.to(self.fc.weight.dtype)
         if self.config.input_embedding_scale != 1.0:
             x = x * self.config.input_embedding_scale
-        b, width, _ = x.shape
+        b = x.shape[0]
         if b == 1 and self.full_attention and cpu_layers.eligible(block_positions, cache):
             plans = cpu_layers.plans(self.layers)
             out = self._one_sequence_cpu(plans, x, context, block_positions, cache, slots) if plans else None
@@ -248,13 +248,10 @@ class DFlashDraft(nn.Module):
         x = x.reshape(b * q, -1).clone()  # [B*Q, H], updated in place
         counts64 = torch.zeros(b, dtype=torch.int64) if counts is None else counts.to(torch.int64)
         starts = (block_positions[:, 0] - counts64).contiguous()
-        if b == 1:
-            cos, sin = self.rotary.rows(int(starts[0]), int(counts64[0]) + q, x.dtype)
-        else:
-            lengths = counts64 + q
-            offsets = torch.cumsum(lengths, 0) - lengths
-            flat = torch.repeat_interleave(starts - offsets, lengths) + torch.arange(int(lengths.sum()))
-            cos, sin = self.rotary.at(flat, x.dtype)
+        lengths = counts64 + q  # one sequence never gets here: `_one_sequence_cpu` takes it
+        offsets = torch.cumsum(lengths, 0) - lengths
+        flat = torch.repeat_interleave(starts - offsets, lengths) + torch.arange(int(lengths.sum()))
+        cos, sin = self.rotary.at(flat, x.dtype)
         slots = slots.to(torch.int64).contiguous()
         cpu_layers.run_layers(plans, x, features, counts, cache, slots, starts, cos, sin, causal=False)
         return x.view(b, q, -1)

@@ -107,6 +107,7 @@ def start_from(draft: DFlashDraft, folder: str) -> None:
     """Load the weights of the drafter in `folder` (z-lab format, safetensors) into `draft`, which must
     have the same architecture, tapped layers and block size (fine-tuning / training longer)."""
     from dflash_trt.checkpoint.hf import read_draft
+    from dflash_trt.model.loader import load_draft
 
     ckpt = read_draft(folder)
     want, got = draft.config, ckpt.config
@@ -117,10 +118,9 @@ def start_from(draft: DFlashDraft, folder: str) -> None:
                        ("mask_token_id", want.mask_token_id, got.mask_token_id)):
         if a != b:
             raise ConfigError(f"--init {folder}: its {name} is {b}, this run's is {a}")
-    names = [n for n in ckpt.weights.names() if not n.endswith("rotary_emb.inv_freq")]
-    state = ckpt.weights.load(names, next(draft.parameters()).dtype)
+    weight = next(draft.parameters())
     with torch.no_grad():
-        draft.load_state_dict({k: v.to(next(draft.parameters()).device) for k, v in state.items()}, strict=True)
+        draft.load_state_dict(load_draft(ckpt, weight.dtype, weight.device, fuse=False).state_dict(), strict=True)
 
 
 def prepare_samples(cfg: TrainDraftConfig, pair, state_dir: Path, progress) -> list:
@@ -154,10 +154,10 @@ def train_draft(cfg: TrainDraftConfig) -> dict:
     state_dir.mkdir(parents=True, exist_ok=True)
     draft_config = build_draft_config(cfg, pair)
     draft = new_draft(draft_config, cfg.seed, device)
-    if cfg.init is not None:
-        start_from(draft, cfg.init)
     optimizer = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     step = train_state.load(state_dir, cfg, draft, optimizer)
+    if step == 0 and cfg.init is not None:  # a resumed run has its own weights already
+        start_from(draft, cfg.init)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TextColumn("{task.fields[info]}"), TimeRemainingColumn())
     with Progress(*columns) as progress:

@@ -208,33 +208,26 @@ void panel_span(const float* x, int k, const float* panels, int p_begin, int p_e
 // rows, so each weight is streamed from memory once per call and re-read from L1 / L2 by the other
 // row groups; rows in groups of 4, the last group 3..6 rows (never a 1- or 2-row tile after 4s).
 void matmul_panels(const float* x, int rows, int k, const float* panels, int n, float* out) {
-  int groups[64], count = 0;  // rows <= 4 * 64
-  int r = rows;
-  while (r > 6 && count < 63) {
-    groups[count++] = 4;
-    r -= 4;
-  }
-  groups[count++] = r;
   const int panel_count = (n + 7) / 8;
   for (int pb = 0; pb < panel_count; pb += 6) {
     const int pe = pb + 6 < panel_count ? pb + 6 : panel_count;
-    int t = 0;
-    for (int g = 0; g < count; ++g) {
+    for (int t = 0; t < rows;) {
+      const int g = rows - t > 6 ? 4 : rows - t;  // 4s while more than 6 remain, then all of them
       const float* xt = x + static_cast<size_t>(t) * k;
       float* ot = out + static_cast<size_t>(t) * n;
-      switch (groups[g]) {
+      switch (g) {
         case 1: panel_span<1>(xt, k, panels, pb, pe, n, ot); break;
         case 2: panel_span<2>(xt, k, panels, pb, pe, n, ot); break;
         case 3: panel_span<3>(xt, k, panels, pb, pe, n, ot); break;
         case 4: panel_span<4>(xt, k, panels, pb, pe, n, ot); break;
         case 5: panel_span<5>(xt, k, panels, pb, pe, n, ot); break;
-        case 6: panel_span<6>(xt, k, panels, pb, pe, n, ot); break;
-        default: break;
+        default: panel_span<6>(xt, k, panels, pb, pe, n, ot); break;
       }
-      t += groups[g];
+      t += g;
     }
   }
 }
+
 
 // out = weight * (x / sqrt(mean(x^2) + eps)); weight may be null (x / rms only). out may alias x.
 void rms_norm(const float* x, const float* weight, int n, float eps, float* out) {
