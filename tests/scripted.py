@@ -62,6 +62,11 @@ class ScriptedDraft:
         self._last = (slots.tolist(), block_positions[:, 0].tolist())
         return self.draft(noise_embedding, block_positions, cache, slots, context)
 
+    def draft_block(self, noise_embedding, block_positions, cache, slots, context, lm_head, min_confidence=0.0):
+        """`DFlashDraft.draft_block` as a whole pass, then the scripted proposals."""
+        hidden = self(noise_embedding, block_positions, cache, slots, context)
+        return self.propose(hidden[:, 1:], lm_head, min_confidence)
+
     def logits(self, hidden, lm_head, first_slot: int = 0):
         real = self.draft.logits(hidden, lm_head)
         slots, starts = self._last

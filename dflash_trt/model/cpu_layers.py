@@ -52,6 +52,8 @@ class _Weights(ctypes.Structure):
 
 _SIGNATURES = {  # name: (restype, argtypes)
     "dfl_decoder_layer": (_i32, [ctypes.POINTER(_Weights), _p, _i32, _i32, _p, _p, _p, _p, _p, _p, _p, _p, _i32, _i32]),
+    "dfl_decoder_layer_rows": (_i32, [ctypes.POINTER(_Weights), _p, _i32, _i32, _p, _p, _p, _p, _p, _p, _p, _p, _i32,
+                                      _i32, _i32, _i32, _i32]),
     "dfl_matmul_nt": (None, [_p, _i32, _i32, _p, _i32, _p]),
     "dfl_pack_panels": (None, [_p, _i32, _i32, _p]),
     "dfl_matmul_panels": (None, [_p, _i32, _i32, _p, _i32, _p]),
@@ -206,28 +208,64 @@ def run_layers(
     sin: torch.Tensor,
     causal: bool,
     after_layer=None,  # called with the layer index after each layer (taps)
+    last_rows: tuple[int, int] | None = None,  # the last layer outputs only these block rows (see layer_rows)
 ) -> None:
     """All decoder layers over B sequences of [context ; block]; K/V of every row go to `cache`
-    (layer i of `plans` uses cache layer i). Arguments are checked once, then one C++ call a layer."""
-    n = slots.shape[0]
-    q_rows = x.shape[0] // n
-    ends = starts + q_rows + (0 if context_counts is None else context_counts)
-    last = int(ends.max()) - 1
-    if last >= cache.capacity:
-        raise IndexError(f"KV cache capacity {cache.capacity} exceeded (position {last})")
-    for t in (x, slots, starts, cos, sin, *(() if context is None else (context, context_counts))):
-        assert t.is_contiguous() and t.device.type == "cpu"
-    layer_bytes = cache.k[0].numel() * cache.k.element_size()  # [slots, kv_heads, capacity, D] per layer
-    k_base, v_base = cache.k.data_ptr(), cache.v.data_ptr()
-    args = (x.data_ptr(), n, q_rows, None if context is None else context.data_ptr(),
-            None if context_counts is None else context_counts.data_ptr(), cos.data_ptr(), sin.data_ptr())
-    tail = (slots.data_ptr(), starts.data_ptr(), cache.capacity, int(causal))
-    call = library().dfl_decoder_layer
-    for i, plan in enumerate(plans):
-        if call(plan.pointer, *args, k_base + i * layer_bytes, v_base + i * layer_bytes, *tail) != 0:
-            raise ValueError(f"dfl_decoder_layer rejected its sizes ({n} x {q_rows} rows, starts {starts.tolist()})")
+    (layer i of `plans` uses cache layer i). Arguments are checked once, then one C++ call a layer.
+    With `last_rows` = (lo, hi) the last layer still stores every row's K/V but updates only block
+    rows lo..hi-1 of each sequence (`layer_rows` outputs the others later); needs `partial_ok`."""
+    call = _LayerCall(plans, x, context, context_counts, cache, slots, starts, cos, sin, causal)
+    for i in range(len(plans)):
+        if last_rows is not None and i == len(plans) - 1:
+            call(i, *last_rows, write_kv=True)
+        else:
+            call(i, 0, call.q_rows, write_kv=True)
         if after_layer is not None:
             after_layer(i)
+
+
+def layer_rows(plans: list[LayerPlan], index: int, rows: tuple[int, int], x, context, context_counts, cache, slots,
+               starts, cos, sin, causal: bool) -> None:
+    """Layer `index` for block rows rows[0]..rows[1]-1 of each sequence only, their K/V (and every
+    other row's) already in the cache from the `run_layers` call these arguments were given to:
+    that call's `last_rows` and this one together give every row the numbers of a whole pass."""
+    _LayerCall(plans, x, context, context_counts, cache, slots, starts, cos, sin, causal)(index, *rows, write_kv=False)
+
+
+def partial_ok(plan: LayerPlan) -> bool:
+    """Whether the layer can output a subset of its rows (its query heads fill whole panels)."""
+    return plan.weights.heads * plan.weights.head_dim % 8 == 0
+
+
+class _LayerCall:
+    """The checked, pointer-level arguments of one pass; call(i, lo, hi, write_kv) runs layer i."""
+
+    def __init__(self, plans, x, context, context_counts, cache, slots, starts, cos, sin, causal):
+        n = slots.shape[0]
+        self.q_rows = x.shape[0] // n
+        ends = starts + self.q_rows + (0 if context_counts is None else context_counts)
+        last = int(ends.max()) - 1
+        if last >= cache.capacity:
+            raise IndexError(f"KV cache capacity {cache.capacity} exceeded (position {last})")
+        for t in (x, slots, starts, cos, sin, *(() if context is None else (context, context_counts))):
+            assert t.is_contiguous() and t.device.type == "cpu"
+        self.plans, self.n, self.starts = plans, n, starts
+        self.layer_bytes = cache.k[0].numel() * cache.k.element_size()  # [slots, kv_heads, capacity, D] per layer
+        self.k_base, self.v_base = cache.k.data_ptr(), cache.v.data_ptr()
+        self.args = (x.data_ptr(), n, self.q_rows, None if context is None else context.data_ptr(),
+                     None if context_counts is None else context_counts.data_ptr(), cos.data_ptr(), sin.data_ptr())
+        self.tail = (slots.data_ptr(), starts.data_ptr(), cache.capacity, int(causal))
+
+    def __call__(self, i: int, lo: int, hi: int, write_kv: bool) -> None:
+        lib, offset = library(), i * self.layer_bytes
+        head = (self.plans[i].pointer, *self.args, self.k_base + offset, self.v_base + offset, *self.tail)
+        if lo == 0 and hi == self.q_rows and write_kv:
+            status = lib.dfl_decoder_layer(*head)
+        else:
+            status = lib.dfl_decoder_layer_rows(*head, lo, hi, int(write_kv))
+        if status != 0:
+            raise ValueError(f"dfl_decoder_layer rejected its sizes ({self.n} x {self.q_rows} rows, rows {lo}..{hi}, "
+                             f"starts {self.starts.tolist()})")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:

@@ -224,6 +224,15 @@ class DFlashDraft(nn.Module):
         """The C++ pass for one sequence with Python ints in place of the batched path's tensor
         bookkeeping (~250 µs less per draft step here): the same K/V writes and outputs. None when the
         context is not the consecutive run of positions right before the block (the general path)."""
+        args = self._one_sequence_args(x, context, block_positions, cache, slots)
+        if args is None:
+            return None
+        cpu_layers.run_layers(plans, *args, causal=False)
+        return self.norm(args[0].view(1, x.shape[1], -1))
+
+    def _one_sequence_args(self, x, context, block_positions, cache: KVCache, slots) -> tuple | None:
+        """`run_layers` arguments (x ... sin, x a copy) for one sequence whose context is the run of
+        positions right before its block; None otherwise."""
         start, width = int(block_positions[0, 0]), x.shape[1]
         features, counts, n = None, None, 0
         if context is not None:
@@ -237,9 +246,7 @@ class DFlashDraft(nn.Module):
                 counts = torch.tensor([n], dtype=torch.int32)
         x = x.reshape(width, -1).clone()  # updated in place
         cos, sin = self.rotary.rows(start - n, n + width, x.dtype)
-        cpu_layers.run_layers(plans, x, features, counts, cache, slots.to(torch.int64).contiguous(),
-                              torch.tensor([start - n]), cos, sin, causal=False)
-        return self.norm(x.view(1, width, -1))
+        return x, features, counts, cache, slots.to(torch.int64).contiguous(), torch.tensor([start - n]), cos, sin
 
     def _layers_cpu(self, plans, x, features, counts, block_positions, cache: KVCache, slots) -> torch.Tensor:
         """All layers through the C++ layer (model/cpu_layers.py) -> [B, Q, H]. features [sum C_b, H]
@@ -294,6 +301,47 @@ class DFlashDraft(nn.Module):
             drafts = confident_drafts(lambda lo, hi: self.logits(hidden[:, lo:hi], head), hidden.shape[1],
                                       min_confidence, CONFIDENCE_FIRST)
         return drafts if vocab is None else vocab[0][drafts]
+
+
+    def draft_block(self, noise_embedding: torch.Tensor, block_positions: torch.Tensor, cache: KVCache,
+                    slots: torch.Tensor, context: tuple | None, lm_head: nn.Module,
+                    min_confidence: float = 0.0) -> torch.Tensor:
+        """Drafts [B, K' <= K] of block slots 1..K: `forward` then `propose`, with the same K/V writes
+        and the same drafts. One sequence on the C++ path with a confidence cut runs the last layer
+        for the rows the cut reads: slots 1..CONFIDENCE_FIRST, and the rest only when all of those
+        are trusted (a row's output depends on no other row's query, so nothing changes)."""
+        drafts = self._lazy_drafts(noise_embedding, block_positions, cache, slots, context, lm_head, min_confidence)
+        if drafts is not None:
+            return drafts
+        hidden = self(noise_embedding, block_positions, cache, slots, context)
+        return self.propose(hidden[:, 1:], lm_head, min_confidence)
+
+    def _lazy_drafts(self, noise_embedding, block_positions, cache: KVCache, slots, context, lm_head,
+                     min_confidence: float) -> torch.Tensor | None:
+        """`draft_block`'s C++ path with a lazily output last layer, or None where it does not apply."""
+        b, q = block_positions.shape
+        first, vocab = CONFIDENCE_FIRST, self.vocab
+        head = lm_head if vocab is None else vocab[1]
+        if not (b == 1 and min_confidence > 0.0 and q - 1 > first and self.full_attention
+                and self.config.output_multiplier == 1.0 and not self.config.final_logit_softcapping
+                and cpu_layers.eligible(block_positions, cache)):
+            return None
+        x = noise_embedding.to(self.fc.weight.dtype)
+        if self.config.input_embedding_scale != 1.0:
+            x = x * self.config.input_embedding_scale
+        plans = cpu_layers.plans(self.layers)
+        if plans is None or not cpu_layers.partial_ok(plans[-1]) or not cpu_layers.head_ready(x, head):
+            return None
+        args = self._one_sequence_args(x, context, block_positions, cache, slots)
+        if args is None:
+            return None
+        rows = args[0]  # [Q, H]; row 0 (the bonus) is never proposed from, so the last layer skips it
+        cpu_layers.run_layers(plans, *args, causal=False, last_rows=(1, 1 + first))
+        drafts = cpu_layers.greedy_drafts(self.norm(rows[1 : 1 + first]), head, min_confidence, first)
+        if drafts.numel() == first:  # every slot read so far is trusted: the rest of the block too
+            cpu_layers.layer_rows(plans, len(plans) - 1, (1 + first, q), *args, causal=False)
+            drafts = cpu_layers.greedy_drafts(self.norm(rows[1:]), head, min_confidence, first)
+        return drafts[None] if vocab is None else vocab[0][drafts][None]
 
 
 class _Head:

@@ -108,8 +108,8 @@ class TorchDraftRunner:
         block = torch.full((slots.numel(), width), self.mask_token_id, dtype=torch.int64, device=self.device)
         block[:, 0] = bonus
         positions = start[:, None] + torch.arange(width, device=self.device)[None, :]
-        hidden = self.draft(self.target.embed(block), positions, self.cache, slots, context)
-        return self.draft.propose(hidden[:, 1:], self.target.lm_head, self.min_confidence)
+        return self.draft.draft_block(self.target.embed(block), positions, self.cache, slots, context,
+                                      self.target.lm_head, self.min_confidence)
 
     def commit(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
         self.cache.crop(slots, lengths)  # lengths only: a pending context stays pending

@@ -80,8 +80,8 @@ def speculative_generate(
         # 2) draft: [bonus, MASK x K] through the drafter in one pass; greedy proposals always
         block = torch.full((active.numel(), step_width), mask_token_id, dtype=torch.int64, device=device)
         block[:, 0] = bonus[active]
-        hidden = draft(target.embed(block), block_positions, draft_cache, active, context)
-        drafts = draft.propose(hidden[:, 1:], target.lm_head, min_confidence)  # [n, K' <= K]
+        drafts = draft.draft_block(target.embed(block), block_positions, draft_cache, active, context,
+                                   target.lm_head, min_confidence)  # [n, K' <= K]
         block = block[:, : drafts.shape[1] + 1]
         block[:, 1:] = drafts
         block_positions = block_positions[:, : block.shape[1]]

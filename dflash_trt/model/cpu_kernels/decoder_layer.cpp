@@ -204,13 +204,15 @@ void panel_span(const float* x, int k, const float* panels, int p_begin, int p_e
   if (p < p_end) panel_tile<RG, 1>(x, k, panels, p, n, out);
 }
 
-// out [rows, n] = x [rows, k] @ w^T with w packed by pack_panels. Six panels at a time across all
-// rows, so each weight is streamed from memory once per call and re-read from L1 / L2 by the other
-// row groups; rows in groups of 4, the last group 3..6 rows (never a 1- or 2-row tile after 4s).
-void matmul_panels(const float* x, int rows, int k, const float* panels, int n, float* out) {
-  const int panel_count = (n + 7) / 8;
-  for (int pb = 0; pb < panel_count; pb += 6) {
-    const int pe = pb + 6 < panel_count ? pb + 6 : panel_count;
+// out [rows, n] = x [rows, k] @ w^T with w packed by pack_panels, for panels p_first .. p_last-1
+// (output columns 8 p_first .. min(8 p_last, n) - 1; other columns are not written). Six panels at a
+// time across all rows, so each weight is streamed from memory once per call and re-read from L1 / L2
+// by the other row groups; rows in groups of 4, the last group 3..6 rows (never a 1- or 2-row tile
+// after 4s). A column's chains are the same whichever range or rows share the call.
+void matmul_panel_range(const float* x, int rows, int k, const float* panels, int n, int p_first, int p_last,
+                        float* out) {
+  for (int pb = p_first; pb < p_last; pb += 6) {
+    const int pe = pb + 6 < p_last ? pb + 6 : p_last;
     for (int t = 0; t < rows;) {
       const int g = rows - t > 6 ? 4 : rows - t;  // 4s while more than 6 remain, then all of them
       const float* xt = x + static_cast<size_t>(t) * k;
@@ -228,6 +230,9 @@ void matmul_panels(const float* x, int rows, int k, const float* panels, int n, 
   }
 }
 
+void matmul_panels(const float* x, int rows, int k, const float* panels, int n, float* out) {
+  matmul_panel_range(x, rows, k, panels, n, 0, (n + 7) / 8, out);
+}
 
 // out = weight * (x / sqrt(mean(x^2) + eps)); weight may be null (x / rms only). out may alias x.
 void rms_norm(const float* x, const float* weight, int n, float eps, float* out) {
@@ -487,13 +492,23 @@ void dfl_matmul_panels(const float* x, int32_t rows, int32_t k, const float* pan
 // K/V live at k_layer / v_layer + slots[b] * NKV * capacity * D ([NKV, capacity, D]) and its rows
 // sit at positions starts[b] ..; cos / sin hold one row per row of [ctx_b ; x_b], sequence by
 // sequence. Returns 0, or -1 on bad sizes.
-int32_t dfl_decoder_layer(const DflLayerWeights* w, float* x, int32_t n_seqs, int32_t q_rows, const float* ctx,
-                          const int32_t* c_counts, const float* cos, const float* sin, float* k_layer, float* v_layer,
-                          const int64_t* slots, const int64_t* starts, int32_t capacity, int32_t causal) {
+//
+// dfl_decoder_layer_rows does part of it: with write_kv the K/V of every row go to the cache (else
+// they must be there already); only block rows q_begin .. q_end-1 of each sequence get a query,
+// attention, o_proj and the MLP (the other rows of x are left as they are). Each row's numbers are
+// those of the whole-layer call (row independence), so a drafter's last layer can output the rows
+// its confidence cut reads first and the rest only when needed. A partial query range needs the
+// query heads to fill whole panels ((NH D) % 8 == 0).
+int32_t dfl_decoder_layer_rows(const DflLayerWeights* w, float* x, int32_t n_seqs, int32_t q_rows, const float* ctx,
+                               const int32_t* c_counts, const float* cos, const float* sin, float* k_layer,
+                               float* v_layer, const int64_t* slots, const int64_t* starts, int32_t capacity,
+                               int32_t causal, int32_t q_begin, int32_t q_end, int32_t write_kv) {
   const int H = w->hidden, NH = w->heads, NKV = w->kv_heads, D = w->head_dim, I = w->intermediate;
   const int QKV = (NH + 2 * NKV) * D, group = NH / NKV;
   const size_t slot_size = static_cast<size_t>(NKV) * capacity * D;  // one sequence's K (or V) of this layer
   if (n_seqs < 1 || q_rows < 1 || NKV < 1 || NH % NKV != 0 || D % 2 != 0) return -1;
+  const bool whole = write_kv && q_begin == 0 && q_end == q_rows;  // the plain layer: one projection of all rows
+  if (q_begin < 0 || q_end > q_rows || q_begin >= q_end || (!whole && (NH * D) % 8 != 0)) return -1;
   std::vector<int> first_row(n_seqs + 1, 0), first_ctx(n_seqs + 1, 0);  // row offsets of each sequence
   int longest = 0;  // keys of the longest sequence after this call's writes
   for (int b = 0; b < n_seqs; ++b) {
@@ -503,20 +518,31 @@ int32_t dfl_decoder_layer(const DflLayerWeights* w, float* x, int32_t n_seqs, in
     first_row[b + 1] = first_row[b] + c + q_rows;
     longest = starts[b] + c + q_rows > longest ? static_cast<int>(starts[b]) + c + q_rows : longest;
   }
-  const int rows = first_row[n_seqs], q_total = n_seqs * q_rows;
+  const int rows = first_row[n_seqs], qn = q_end - q_begin, q_total = n_seqs * qn;
+  auto x_row = [&](int i) { return x + static_cast<size_t>((i / qn) * q_rows + q_begin + i % qn) * H; };
 
-  // 1) input norm (block rows only; context rows are already features) and one q/k/v projection
+  // 1) input norm (block rows only; context rows are already features) and the q/k/v projection:
+  // K/V columns of every row when writing K/V, q columns of the query rows
   std::vector<float> h(static_cast<size_t>(rows) * H), qkv(static_cast<size_t>(rows) * QKV);
   for (int b = 0; b < n_seqs; ++b) {
     const int c = first_ctx[b + 1] - first_ctx[b];
-    for (int r = 0; r < c; ++r)
+    for (int r = 0; write_kv && r < c; ++r)
       for (int i = 0; i < H; ++i)
         h[static_cast<size_t>(first_row[b] + r) * H + i] = ctx[static_cast<size_t>(first_ctx[b] + r) * H + i];
-    for (int t = 0; t < q_rows; ++t)
+    for (int t = write_kv ? 0 : q_begin; t < (write_kv ? q_rows : q_end); ++t)
       rms_norm(x + static_cast<size_t>(b * q_rows + t) * H, w->input_norm, H, w->eps,
                h.data() + static_cast<size_t>(first_row[b] + c + t) * H);
   }
-  matmul_panels(h.data(), rows, H, w->qkv, QKV, qkv.data());
+  const int q_panels = NH * D / 8, all_panels = (QKV + 7) / 8;
+  if (whole) {
+    matmul_panels(h.data(), rows, H, w->qkv, QKV, qkv.data());
+  } else {
+    if (write_kv) matmul_panel_range(h.data(), rows, H, w->qkv, QKV, q_panels, all_panels, qkv.data());
+    for (int b = 0; b < n_seqs; ++b) {
+      const size_t r0 = static_cast<size_t>(first_row[b] + first_ctx[b + 1] - first_ctx[b] + q_begin);
+      matmul_panel_range(h.data() + r0 * H, qn, H, w->qkv, QKV, 0, q_panels, qkv.data() + r0 * QKV);
+    }
+  }
 
   // 2) per-head q/k norm and RoPE; K/V of every row into its sequence's cache at its position
   for (int b = 0; b < n_seqs; ++b) {
@@ -524,17 +550,19 @@ int32_t dfl_decoder_layer(const DflLayerWeights* w, float* x, int32_t n_seqs, in
     float* k_seq = k_layer + slots[b] * slot_size;
     float* v_seq = v_layer + slots[b] * slot_size;
     for (int local = 0; local < c_rows + q_rows; ++local) {
+      const bool query = local >= c_rows + q_begin && local < c_rows + q_end;  // context rows need no query
+      if (!query && !write_kv) continue;
       const int r = first_row[b] + local;
       float* row = qkv.data() + static_cast<size_t>(r) * QKV;
       const float* cs = cos + static_cast<size_t>(r) * D;
       const float* sn = sin + static_cast<size_t>(r) * D;
-      for (int head = (local < c_rows ? NH : 0); head < NH + NKV; ++head) {  // context rows need no query
+      for (int head = (query ? 0 : NH); head < (write_kv ? NH + NKV : NH); ++head) {
         float* v = row + head * D;
         const float* norm = head < NH ? w->q_norm : w->k_norm;
         if (norm) rms_norm(v, norm, D, w->eps, v);
         rope(v, cs, sn, D);
       }
-      for (int kv = 0; kv < NKV; ++kv) {
+      for (int kv = 0; write_kv && kv < NKV; ++kv) {
         float* kd = k_seq + (static_cast<size_t>(kv) * capacity + starts[b] + local) * D;
         float* vd = v_seq + (static_cast<size_t>(kv) * capacity + starts[b] + local) * D;
         for (int i = 0; i < D; ++i) {
@@ -545,9 +573,9 @@ int32_t dfl_decoder_layer(const DflLayerWeights* w, float* x, int32_t n_seqs, in
     }
   }
 
-  // 3) attention of the block rows (per sequence and K/V head), then o_proj and the residual;
+  // 3) attention of the query rows (per sequence and K/V head), then o_proj and the residual;
   // queries grouped by the K/V head they read (GQA): row t, head kv*group+j -> slot t*group+j
-  const int stride = (longest + 7) & ~7, m_count = q_rows * group;
+  const int stride = (longest + 7) & ~7, m_count = qn * group;
   std::vector<float> attn(static_cast<size_t>(q_total) * NH * D), out(static_cast<size_t>(q_total) * H);
   std::vector<float> queries(static_cast<size_t>(m_count) * D), heads_out(static_cast<size_t>(m_count) * D);
   std::vector<float> scores(static_cast<size_t>(m_count) * stride);
@@ -556,28 +584,29 @@ int32_t dfl_decoder_layer(const DflLayerWeights* w, float* x, int32_t n_seqs, in
   for (int b = 0; b < n_seqs; ++b) {
     const int c_rows = first_ctx[b + 1] - first_ctx[b], start = static_cast<int>(starts[b]);
     for (int kv = 0; kv < NKV; ++kv) {
-      for (int t = 0; t < q_rows; ++t)
+      for (int t = 0; t < qn; ++t)
         for (int j = 0; j < group; ++j) {
-          const float* q = qkv.data() + static_cast<size_t>(first_row[b] + c_rows + t) * QKV + (kv * group + j) * D;
+          const float* q = qkv.data() + static_cast<size_t>(first_row[b] + c_rows + q_begin + t) * QKV + (kv * group + j) * D;
           for (int i = 0; i < D; ++i) queries[(static_cast<size_t>(t) * group + j) * D + i] = q[i];
-          n_keys[t * group + j] = causal ? start + c_rows + t + 1 : start + c_rows + q_rows;
+          n_keys[t * group + j] = causal ? start + c_rows + q_begin + t + 1 : start + c_rows + q_rows;
         }
       const size_t base = slots[b] * slot_size + static_cast<size_t>(kv) * capacity * D;
       attend(queries.data(), n_keys.data(), m_count, k_layer + base, v_layer + base, D, scale, scores.data(), stride,
              heads_out.data());
-      for (int t = 0; t < q_rows; ++t)
+      for (int t = 0; t < qn; ++t)
         for (int j = 0; j < group; ++j)
           for (int i = 0; i < D; ++i)
-            attn[(static_cast<size_t>(b * q_rows + t) * NH + kv * group + j) * D + i] =
+            attn[(static_cast<size_t>(b * qn + t) * NH + kv * group + j) * D + i] =
                 heads_out[(static_cast<size_t>(t) * group + j) * D + i];
     }
   }
   matmul_panels(attn.data(), q_total, NH * D, w->o_proj, H, out.data());
-  for (size_t i = 0; i < out.size(); ++i) x[i] += out[i];
+  for (int t = 0; t < q_total; ++t)
+    for (int i = 0; i < H; ++i) x_row(t)[i] += out[static_cast<size_t>(t) * H + i];
 
   // 4) post-attention norm, SwiGLU MLP, residual
   std::vector<float> gate_up(static_cast<size_t>(q_total) * 2 * I), act(static_cast<size_t>(q_total) * I);
-  for (int t = 0; t < q_total; ++t) rms_norm(x + static_cast<size_t>(t) * H, w->post_norm, H, w->eps, h.data() + static_cast<size_t>(t) * H);
+  for (int t = 0; t < q_total; ++t) rms_norm(x_row(t), w->post_norm, H, w->eps, h.data() + static_cast<size_t>(t) * H);
   matmul_panels(h.data(), q_total, H, w->gate_up, 2 * I, gate_up.data());
   for (int t = 0; t < q_total; ++t) {
     float* g = gate_up.data() + static_cast<size_t>(t) * 2 * I;
@@ -585,8 +614,16 @@ int32_t dfl_decoder_layer(const DflLayerWeights* w, float* x, int32_t n_seqs, in
     for (int i = 0; i < I; ++i) act[static_cast<size_t>(t) * I + i] = g[i];
   }
   matmul_panels(act.data(), q_total, I, w->down, H, out.data());
-  for (size_t i = 0; i < out.size(); ++i) x[i] += out[i];
+  for (int t = 0; t < q_total; ++t)
+    for (int i = 0; i < H; ++i) x_row(t)[i] += out[static_cast<size_t>(t) * H + i];
   return 0;
+}
+
+int32_t dfl_decoder_layer(const DflLayerWeights* w, float* x, int32_t n_seqs, int32_t q_rows, const float* ctx,
+                          const int32_t* c_counts, const float* cos, const float* sin, float* k_layer, float* v_layer,
+                          const int64_t* slots, const int64_t* starts, int32_t capacity, int32_t causal) {
+  return dfl_decoder_layer_rows(w, x, n_seqs, q_rows, ctx, c_counts, cos, sin, k_layer, v_layer, slots, starts,
+                                capacity, causal, 0, q_rows, 1);
 }
 
 }  // extern "C"
