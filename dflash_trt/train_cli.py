@@ -33,7 +33,8 @@ from dflash_trt.cli_types import INT_LIST
               help="Steps between resumable checkpoints (OUT.train-state/).")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--init", type=click.Path(exists=True, file_okay=False),
-              help="Start from this drafter's weights (same layers, taps, block size): train longer or fine-tune.")
+              help="Start from this drafter's weights (same taps and block size; a shallower one grows "
+                   "deeper): train longer, fine-tune or deepen.")
 def train_draft_command(**options):
     """Train a drafter: frozen target taps + random anchor blocks, decayed cross-entropy.
 

@@ -106,6 +106,32 @@ def test_init_starts_from_an_existing_drafter(tiny_pair, tmp_path):
     assert fresh["loss_history"][0] > again["loss_history"][0] + 0.25
 
 
+def test_init_grows_a_shallower_drafter_without_changing_its_outputs(tiny_pair, tmp_path):
+    from dflash_trt.runtime.local import load_pair
+
+    data = _data(tmp_path / "d.jsonl")
+    _train(tiny_pair[0], data, tmp_path / "a", 20, ("--layers", "1"))
+    _train(tiny_pair[0], data, tmp_path / "b", 1, ("--layers", "2", "--init", str(tmp_path / "a"), "--lr", "1e-9"))
+    assert read_draft(tmp_path / "b").config.dims.num_layers == 2
+    grown = load_file(str(tmp_path / "b" / "model.safetensors"))
+    assert grown["layers.1.mlp.down_proj.weight"].abs().max() < 1e-6 < grown["layers.1.mlp.up_proj.weight"].abs().max()
+    outputs = []
+    for folder in ("a", "b"):
+        pair = load_pair(tiny_pair[0], tmp_path / folder, dtype="fp32", device="cpu")
+        g = torch.Generator().manual_seed(1)
+        n_taps = len(pair.draft.config.target_layer_ids) * pair.target.config.dims.hidden_size
+        cache, slots = pair.draft.new_cache(1, 32), torch.tensor([0])
+        with torch.inference_mode():
+            pair.draft.append_context(torch.randn(1, 10, n_taps, generator=g), torch.arange(10)[None], cache, slots)
+            block = pair.target.embed(torch.tensor([[7] + [255] * 7]))
+            outputs.append(pair.draft(block, torch.arange(10, 18)[None], cache, slots))
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=1e-5)
+    args = ["train-draft", "--target", str(tiny_pair[0]), "--data", str(data), "--out", str(tmp_path / "c"),
+            "--steps", "1", "--block-size", "8", "--mask-token-id", "255", "--init", str(tmp_path / "b")]
+    result = CliRunner().invoke(cli, args)  # --layers defaults to 1
+    assert result.exit_code == 1 and "it has 2 layers, more than this run's 1" in result.output
+
+
 def test_init_with_other_taps_is_refused(tiny_pair, tmp_path):
     data = _data(tmp_path / "d.jsonl")
     _train(tiny_pair[0], data, tmp_path / "a", 2)

@@ -105,22 +105,34 @@ def new_draft(config: DraftConfig, seed: int, device) -> DFlashDraft:
 
 def start_from(draft: DFlashDraft, folder: str) -> None:
     """Load the weights of the drafter in `folder` (z-lab format, safetensors) into `draft`, which must
-    have the same architecture, tapped layers and block size (fine-tuning / training longer)."""
+    have the same hidden size, tapped layers and block size (fine-tuning / training longer). A
+    shallower drafter grows: its layers become the first ones, and each extra layer starts as the
+    identity (o_proj and down_proj zero, so it adds nothing to the residual stream), which leaves the
+    drafter's outputs unchanged at step 0."""
     from dflash_trt.checkpoint.hf import read_draft
     from dflash_trt.model.loader import load_draft
 
     ckpt = read_draft(folder)
     want, got = draft.config, ckpt.config
-    for name, a, b in (("layers", want.dims.num_layers, got.dims.num_layers),
-                       ("hidden_size", want.dims.hidden_size, got.dims.hidden_size),
+    for name, a, b in (("hidden_size", want.dims.hidden_size, got.dims.hidden_size),
                        ("target_layer_ids", tuple(want.target_layer_ids), tuple(got.target_layer_ids)),
                        ("block_size", want.block_size, got.block_size),
                        ("mask_token_id", want.mask_token_id, got.mask_token_id)):
         if a != b:
             raise ConfigError(f"--init {folder}: its {name} is {b}, this run's is {a}")
+    extra = want.dims.num_layers - got.dims.num_layers
+    if extra < 0:
+        raise ConfigError(f"--init {folder}: it has {got.dims.num_layers} layers, more than this run's "
+                          f"{want.dims.num_layers} (a drafter can grow deeper, not shallower)")
     weight = next(draft.parameters())
+    state = load_draft(ckpt, weight.dtype, weight.device, fuse=False).state_dict()
     with torch.no_grad():
-        draft.load_state_dict(load_draft(ckpt, weight.dtype, weight.device, fuse=False).state_dict(), strict=True)
+        result = draft.load_state_dict(state, strict=False)
+        grown = tuple(f"layers.{i}." for i in range(got.dims.num_layers, want.dims.num_layers))
+        assert not result.unexpected_keys and all(k.startswith(grown) for k in result.missing_keys), result
+        for layer in draft.layers[got.dims.num_layers:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
 
 
 def prepare_samples(cfg: TrainDraftConfig, pair, state_dir: Path, progress) -> list:
