@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
@@ -139,3 +140,52 @@ def test_init_with_other_taps_is_refused(tiny_pair, tmp_path):
             "--steps", "1", "--block-size", "4", "--mask-token-id", "255", "--init", str(tmp_path / "a")]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 1 and "its block_size is 8, this run's is 4" in result.output
+
+
+def test_chain_simulated_tau_equals_decoding_the_same_prompts():
+    """On target-greedy data, chain_acceptance_length predicts greedy DFlash decoding's τ (shipped pair)."""
+    from dflash_trt.bench.local import load_prompts
+    from dflash_trt.engine.config import ASSETS
+    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.spec.decode import speculative_generate
+    from dflash_trt.spec.requests import Request, StopCriteria
+    from dflash_trt.train.blocks import chain_acceptance_length
+    from dflash_trt.train.data import Sample, pack
+    from dflash_trt.train.trainer import TargetFeatures
+
+    pair = load_pair(ASSETS / "tiny-qwen3", ASSETS / "tiny-qwen3-dflash", dtype="fp32", device="cpu")
+    prompts = load_prompts(None, None, 6)
+    committed = steps = 0
+    samples = []
+    with torch.inference_mode():
+        for p in prompts:
+            result = speculative_generate(pair.target, pair.draft, [Request(tuple(p), stop=StopCriteria(80))], 16)[0]
+            committed += sum(result.acceptance_lengths)
+            steps += len(result.acceptance_lengths)
+            samples.append(Sample(list(p) + result.tokens, len(p)))
+    tokens, mask = pack(samples, max(len(s.tokens) for s in samples), pad_id=0)
+    features = TargetFeatures(pair.target, tokens, tuple(pair.draft.config.target_layer_ids))
+    tau, sim_steps = chain_acceptance_length(pair.draft, pair.target, features, tokens, mask, list(range(6)), 16, 80)
+    assert committed / steps > 2.0  # a trained pair: the comparison means something
+    assert abs(sim_steps - steps) <= 2 and tau == pytest.approx(committed / steps, rel=0.02)  # measured: equal
+
+
+def test_held_out_samples_are_not_trained_on_and_name_the_tau(tiny_pair, tmp_path, monkeypatch):
+    from dflash_trt.train import trainer
+
+    rows, features = [], trainer.TargetFeatures.__call__
+    monkeypatch.setattr(trainer.TargetFeatures, "__call__", lambda self, r: rows.append(r.tolist()) or features(self, r))
+    data = _data(tmp_path / "d.jsonl")
+    summary = _train(tiny_pair[0], data, tmp_path / "a", 12, ("--eval-samples", "8"))
+    assert summary["chain_tau_on"] == "8 held-out samples" and summary["chain_tau"] >= 1.0
+    batches = [r for r in rows if len(r) == 4]  # training batches (--batch-size 4); evaluation reads one row
+    assert len(batches) == 12 and max(max(b) for b in batches) < 40
+    assert sorted({r[0] for r in rows if len(r) == 1}) == list(range(40, 48))
+    card = (tmp_path / "a" / "README.md").read_text()
+    assert "simulated over 8 held-out samples" in card
+    summary = _train(tiny_pair[0], data, tmp_path / "b", 2)
+    assert summary["chain_tau_on"] == "16 training samples"
+    result = CliRunner().invoke(cli, ["train-draft", "--target", str(tiny_pair[0]), "--data", str(data), "--out",
+                                      str(tmp_path / "c"), "--steps", "1", "--mask-token-id", "255",
+                                      "--eval-samples", "40"])
+    assert result.exit_code == 1 and "--eval-samples 40: keep at least half of the 48 samples" in result.output

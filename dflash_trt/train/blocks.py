@@ -47,6 +47,13 @@ def sample_blocks(
     scores = torch.rand(bt, s, generator=generator).masked_fill(~eligible, -1.0)
     top = scores.topk(min(num_anchors, s), dim=1)
     anchors = torch.where(top.values >= 0, top.indices, torch.full_like(top.indices, -1))  # [Bt, N]
+    return blocks_at(tokens, loss_mask, anchors, block_size, mask_token_id, gamma)
+
+
+def blocks_at(tokens: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, block_size: int,
+              mask_token_id: int, gamma: float) -> BlockBatch:
+    """Blocks `[x_a, MASK...]` at anchors [Bt, N] (-1: unused) with labels x_{a+k} where trained."""
+    bt, s = tokens.shape
     offsets = torch.arange(block_size)
     positions = anchors.clamp(min=0)[:, :, None] + offsets  # [Bt, N, B]
     block = torch.full(positions.shape, mask_token_id, dtype=torch.int64)
@@ -125,6 +132,39 @@ def block_loss(logits: torch.Tensor, batch: BlockBatch) -> tuple[torch.Tensor, t
 def simulated_acceptance_length(accuracy: torch.Tensor) -> float:
     """τ estimate from per-slot accuracy, treating slots as independent: 1 + sum prod acc."""
     return 1.0 + float(torch.cumprod(accuracy, 0).sum()) if accuracy.numel() else 1.0
+
+
+@torch.no_grad()
+def chain_acceptance_length(draft: DFlashDraft, target: Target, features, tokens: torch.Tensor,
+                            loss_mask: torch.Tensor, rows: list[int], block_size: int, new_tokens: int,
+                            chunk: int = 32) -> tuple[float, int]:
+    """τ of greedy DFlash decoding over the trained (target-generated) part of `rows`, simulated:
+    the drafter's greedy block at EVERY position, then the decoding chain walked from the first
+    generated token (each step commits the leading matches plus one, the next anchor is the token
+    after them), `new_tokens` per row. On target-regenerated greedy data this is what decoding those
+    prompts gives (up to rounding); the uniform-anchor average of per-slot accuracy overstates it,
+    since easy stretches take few steps. -> (τ, steps)."""
+    committed = steps = 0
+    for r in rows:
+        trained = loss_mask[r].nonzero()[:, 0]
+        if trained.numel() < 2:
+            continue
+        first, end = int(trained[0]), int(trained[-1]) + 1  # the prefill's bonus sits at `first`
+        hidden = features(torch.tensor([r]))
+        lengths = []  # committed tokens of a step anchored at first + i
+        for a0 in range(first, end - 1, chunk):
+            anchors = torch.arange(a0, min(a0 + chunk, end - 1))[None]
+            batch = blocks_at(tokens[r : r + 1], loss_mask[r : r + 1], anchors, block_size, draft.config.mask_token_id, 1.0)
+            logits = draft_training_logits(draft, target, hidden, batch)
+            hits = (logits.argmax(-1) == batch.labels)[0].to(torch.int64)  # -100 labels never hit
+            lengths += (hits.cumprod(dim=1).sum(dim=1) + 1).tolist()
+        budget = min(new_tokens, end - first) - 1  # tokens after the prefill's one
+        done, i = 0, 0
+        while done < budget and i < len(lengths):
+            take = min(lengths[i], budget - done)
+            done, i, steps = done + take, i + take, steps + 1
+        committed += done
+    return (committed / steps if steps else float("nan")), steps
 
 
 def cosine_lr(step: int, total: int, peak: float, warmup: float = 0.04) -> float:

@@ -19,6 +19,8 @@ def _identity(cfg) -> dict:
     identity = {k: getattr(cfg, k) for k in _IDENTITY}
     if getattr(cfg, "init", None) is not None:  # absent when unset: states saved before --init existed still resume
         identity["init"] = cfg.init
+    if getattr(cfg, "eval_samples", 0):  # likewise: states from before held-out evaluation still resume
+        identity["eval_samples"] = cfg.eval_samples
     return identity
 
 
