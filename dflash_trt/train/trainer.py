@@ -17,7 +17,10 @@ from pathlib import Path
 import torch
 
 from dflash_trt.checkpoint.configs import DraftConfig, default_target_layer_ids
-from dflash_trt.checkpoint.draft_writer import draft_config_for_target, write_draft_folder
+from dflash_trt.checkpoint.draft_writer import (
+    draft_config_for_target,
+    write_draft_folder,
+)
 from dflash_trt.errors import ConfigError
 from dflash_trt.model import draft_vocab
 from dflash_trt.model.draft import DFlashDraft
