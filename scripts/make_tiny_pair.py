@@ -247,6 +247,7 @@ def train_drafter(work: Path, seed: int, steps: int, layers: int, init: Path | N
         target_layer_ids=taps,  # include the last layer (HF post-norm): shallow targets need deep taps
         regenerate=True, regen_prompt_tokens=64, regen_new_tokens=192, seed=seed, save_every=250,
         init=None if init is None else str(init),
+        cache_features=True,  # the 24-layer target's features take ~15 min; a rerun or deeper drafter reuses them
     )
     return train_draft(cfg)
 

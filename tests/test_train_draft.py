@@ -189,3 +189,21 @@ def test_held_out_samples_are_not_trained_on_and_name_the_tau(tiny_pair, tmp_pat
                                       str(tmp_path / "c"), "--steps", "1", "--mask-token-id", "255",
                                       "--eval-samples", "40"])
     assert result.exit_code == 1 and "--eval-samples 40: keep at least half of the 48 samples" in result.output
+
+
+def test_cached_features_are_reused_and_give_the_same_run(tiny_pair, tmp_path, monkeypatch):
+    from dflash_trt.train import trainer
+
+    monkeypatch.setenv("DFLASH_TRT_CACHE_DIR", str(tmp_path / "cache"))
+    computed = []
+    compute = trainer.TargetFeatures._compute
+    monkeypatch.setattr(trainer.TargetFeatures, "_compute", lambda self, b: computed.append(len(b)) or compute(self, b))
+    data = _data(tmp_path / "d.jsonl")
+    first = _train(tiny_pair[0], data, tmp_path / "a", 3, ("--cache-features",))
+    files = list((tmp_path / "cache" / "train_features").glob("*.safetensors"))
+    assert len(files) == 1 and sum(computed) == 48
+    computed.clear()
+    again = _train(tiny_pair[0], data, tmp_path / "b", 3, ("--cache-features",))
+    assert not computed and again["loss_history"] == first["loss_history"]
+    _train(tiny_pair[0], data, tmp_path / "c", 1, ("--cache-features", "--target-layer-ids", "0,1"))
+    assert sum(computed) == 48 and len(list((tmp_path / "cache" / "train_features").glob("*.safetensors"))) == 2

@@ -9,7 +9,9 @@ output every `save_every` steps, so an interrupted run resumes where it stopped.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -62,6 +64,7 @@ class TrainDraftConfig:
     device: str = "auto"
     init: str | None = None  # a drafter folder whose weights the run starts from (same shapes and taps)
     eval_samples: int = 0  # samples held out for the chain-simulated τ (0: the first 16 training samples)
+    cache_features: bool = False  # keep the dataset's target features on disk for later runs (features_cache_file)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -223,15 +226,29 @@ class _FieldProgress:
 
 class TargetFeatures:
     """`target_hidden` [B, S, n*H] of training rows from the frozen target: computed once for the whole
-    dataset when it fits in `budget_bytes` (the target then runs once, not once per step), else per batch."""
+    dataset when it fits in `budget_bytes` (the target then runs once, not once per step), else per batch.
+    With `cache_file` the whole-dataset table is read from there when present, else written there."""
 
-    def __init__(self, target, tokens: torch.Tensor, taps: tuple[int, ...], budget_bytes: float = 4e9, chunk: int = 16):
+    def __init__(self, target, tokens: torch.Tensor, taps: tuple[int, ...], budget_bytes: float = 4e9, chunk: int = 16,
+                 cache_file: Path | None = None):
         self.target, self.tokens, self.taps = target, tokens, taps
         self.device = target.lm_head.weight.device
         need = tokens.numel() * len(taps) * target.config.dims.hidden_size * 4
         self.table = None
         if need <= budget_bytes:
+            if cache_file is not None and cache_file.is_file():
+                from safetensors.torch import load_file
+
+                self.table = load_file(str(cache_file))["features"].to(self.device)
+                return
             self.table = torch.cat([self._compute(tokens[i : i + chunk]) for i in range(0, len(tokens), chunk)])
+            if cache_file is not None:
+                from safetensors.torch import save_file
+
+                cache_file.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cache_file.with_suffix(".tmp")
+                save_file({"features": self.table.cpu().contiguous()}, str(tmp))
+                tmp.replace(cache_file)
 
     @torch.no_grad()
     def _compute(self, batch: torch.Tensor) -> torch.Tensor:
@@ -248,12 +265,31 @@ class TargetFeatures:
         return self._compute(self.tokens[rows])
 
 
+def features_cache_file(target_folder: str, taps: tuple[int, ...], tokens: torch.Tensor) -> Path:
+    """Where `--cache-features` keeps a dataset's target features: named by a hash of the target's
+    weights and config, the taps and the packed tokens ($DFLASH_TRT_CACHE_DIR, default ~/.cache/dflash_trt)."""
+    digest = hashlib.sha256()
+    folder = Path(target_folder)
+    for path in sorted(folder.glob("*.safetensors")) + [folder / "config.json"]:
+        digest.update(path.name.encode())
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                digest.update(block)
+    digest.update(json.dumps(list(taps)).encode())
+    digest.update(str(tuple(tokens.shape)).encode())
+    digest.update(tokens.to(torch.int64).contiguous().numpy().tobytes())
+    root = Path(os.environ.get("DFLASH_TRT_CACHE_DIR") or Path.home() / ".cache" / "dflash_trt")
+    return root / "train_features" / f"{digest.hexdigest()[:32]}.safetensors"
+
+
 @torch.enable_grad()  # robust to a caller that disabled autograd globally
 def _loop(cfg, target, draft, optimizer, tokens, loss_mask, step, state_dir, progress, task, train_count,
           eval_rows) -> dict:
     """The optimisation loop: batch -> target taps -> blocks -> drafter -> decayed CE. Training rows are
     the first `train_count`; `eval_rows` give the chain-simulated τ at each save and at the end."""
-    features = TargetFeatures(target, tokens, draft.config.target_layer_ids)
+    taps = tuple(draft.config.target_layer_ids)
+    cache_file = features_cache_file(cfg.target, taps, tokens) if cfg.cache_features else None
+    features = TargetFeatures(target, tokens, taps, cache_file=cache_file)
 
     def chain_tau() -> float:
         draft.eval()
