@@ -67,11 +67,6 @@ def train_draft_command(**options):
 @click.option("--coverage", type=click.FloatRange(min=0, max=1, min_open=True), default=0.999, show_default=True,
               help="The recommended size covers this share of the counted tokens.")
 @click.option("--device", default="auto", show_default=True)
-@click.option("--cache-features", is_flag=True,
-              help="Keep the target's features of the data in the cache dir (samples x seq-len x taps x hidden x 4 "
-                   "bytes) so later runs on the same target, taps and data skip computing them.")
-@click.option("--eval-samples", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Hold out this many samples for the reported τ (0: measure it on 16 training samples).")
 def draft_vocab_command(target, draft, data, regenerate, regen_prompt_tokens, regen_new_tokens, max_samples,
                         coverage, device):
     """Rank the tokens of DATA by frequency for the drafter in DRAFT (runtime.draft_vocab_size).

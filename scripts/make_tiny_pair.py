@@ -297,9 +297,12 @@ def main() -> None:
             cut_prompts(args.work, train_files, args.draft_samples, 64, args.seed, "draft_prompts.jsonl")
             summary = train_drafter(args.work, args.seed, args.draft_steps, args.draft_layers, args.draft_init,
                                     args.draft_lr)
+            if args.draft_init is not None and "draft" in log:  # the run it continues: kept for the card
+                log["draft_init"] = log["draft"]
             log["draft"] = {k: v for k, v in summary.items() if k != "loss_history"} | {
                 "layers": args.draft_layers, "samples": args.draft_samples, "lr": args.draft_lr,
-                "init": None if args.draft_init is None else str(args.draft_init)}
+                "init": None if args.draft_init is None else str(args.draft_init),
+                "command": " ".join(["python", "scripts/make_tiny_pair.py", *sys.argv[1:]])}
         elif stage == "prompts":
             cut_prompts(args.work, held_files, 64, 64, args.seed + 1, "heldout_prompts.jsonl")
         elif stage == "measure":
@@ -377,6 +380,18 @@ A Qwen3-architecture causal LM trained from scratch for dflash-trt's tests, quic
 
 Not a useful language model: a small, fast, real target whose greedy continuations a drafter can learn.
 """)
+    continued = ""
+    if d.get("init"):
+        first = log.get("draft_init") or {}
+        made = (f" ({first.get('layers', '?')} layer(s), {first['steps']} steps, lr {first.get('lr', '?')}, "
+                f"{first['seconds']:.0f} s)" if {"steps", "seconds"} <= first.keys() else "")
+        grew = (f", grown to {d['layers']} layers (new layers start as the identity)"
+                if first.get("layers") and first["layers"] != d.get("layers") else "")
+        continued = (f" (lr {d.get('lr', '?')}), continuing a drafter trained on the same data{made}{grew} "
+                     f"(`--draft-init`; both runs in make_log.json)")
+    runs = [r.get("command") for r in (log.get("draft_init") if d.get("init") else None, d) if r]
+    reproduce_draft = ", then (the first run's `draft/` moved to the `--draft-init` path) ".join(f"`{c}`" for c in runs)
+    reproduce_draft = reproduce_draft or "`python scripts/make_tiny_pair.py --stage all --seed 0`"
     (work / "draft" / "README.md").write_text(f"""# tiny-qwen3-dflash (dflash-trt's embedded default drafter)
 
 A DFlash drafter (z-lab format: `DFlashDraftModel`, `dflash_config`) for tiny-qwen3, trained with
@@ -385,7 +400,9 @@ A DFlash drafter (z-lab format: `DFlashDraftModel`, `dflash_config`) for tiny-qw
 - {d.get('layers', '?')} draft layer(s), block_size 16, target_layer_ids and mask_token_id in config.json
 - data: {d.get('samples', '?')} prompts of 64 tokens cut from the training files, continued greedily by the target
   (192 new tokens each)
-- training: {d['steps']} steps, final loss {d['final_loss']:.3f}, {d['seconds']:.0f} s; settings in `dflash_trt_train.json`
+- training: {d['steps']} steps, final loss {d['final_loss']:.3f}, {d['seconds']:.0f} s{continued}; settings in
+  `dflash_trt_train.json`
+- reproduce: {reproduce_draft}
 - draft vocabulary: `dflash_trt_draft_vocab.json` ranks the {vocab['n']} distinct tokens it was trained to propose;
   the recommended {vocab['recommended']} cover 99.9% of them (`runtime.draft_vocab_size`, `--draft-vocab auto`; lossless)
 
