@@ -6,7 +6,8 @@ offline), split into train / held-out files by a hash of the relative path. Stag
 the previous stage's output in --work):
 
   tokenizer  byte-level BPE (vocab 4096, `<|endoftext|>` = 0, `<|mask|>` = 1) on the train files
-  target     Qwen3 architecture (--target-layers, default 6; hidden 192) trained from scratch, saved as a HF folder
+  target     Qwen3 architecture (--target-layers, default 6; hidden 192) trained from scratch (or grown from a
+             trained shallower one, --target-init), saved as a HF folder
   draft      `dflash-trt train-draft --regenerate` on prompts cut from the train files
   prompts    held-out prompts (JSONL) for benchmarks
   measure    τ and speed-up on the held-out prompts; model cards
@@ -15,8 +16,9 @@ the previous stage's output in --work):
 
     python scripts/make_tiny_pair.py --stage all --seed 0
 
-A deeper target can be grown from a trained shallower one (depth up-scaling, --target-init); the
-24-layer candidate in docs/benchmarks.md (2026-11-30, "a 24-layer target") came from:
+A deeper target can be grown from a trained shallower one (depth up-scaling, --target-init), and a
+drafter trained further from a finished one (--draft-init). The shipped pair (24-layer target: its fp32
+weights live in DRAM, as a real LLM's do, so verify rows ride along with one weight stream) came from:
 
     python scripts/make_tiny_pair.py --work out/tiny_pair_v4 --stage tokenizer
     python scripts/make_tiny_pair.py --work out/tiny_pair_v4 --stage target --target-layers 12 --target-steps 800
@@ -24,9 +26,14 @@ A deeper target can be grown from a trained shallower one (depth up-scaling, --t
         --target-init out/tiny_pair_v4/target --target-lr 1.5e-3
     python scripts/make_tiny_pair.py --work out/tiny_pair_v6 --stage draft --draft-layers 2 --draft-samples 6144 \
         --draft-steps 3000 --threads 2
+    # move out/tiny_pair_v6/draft to draft_s3000 (keep draft.train-state/samples.jsonl: the regenerated data)
+    python scripts/make_tiny_pair.py --work out/tiny_pair_v6 --stage draft --draft-layers 2 --draft-samples 6144 \
+        --draft-steps 2500 --draft-init out/tiny_pair_v6/draft_s3000 --draft-lr 1e-3 --threads 2
     python scripts/make_tiny_pair.py --work out/tiny_pair_v6 --stage prompts   # then measure, install
 
-Timing on the 2-core CPU dev machine: see dflash_trt/assets/README.md (written by this script).
+Time on the 2-core CPU dev machine: ~1 h (12-layer target) + ~51 min (24-layer) + ~84 min and ~63 min
+(the drafter's two runs, regeneration and target features included); each stage's seconds are in
+make_log.json, the runs' settings and results in the model cards.
 """
 
 from __future__ import annotations
@@ -237,7 +244,7 @@ def train_drafter(work: Path, seed: int, steps: int, layers: int, init: Path | N
     from dflash_trt.train.trainer import TrainDraftConfig, train_draft
 
     depth = json.loads((work / "target" / "config.json").read_text())["num_hidden_layers"]
-    taps = sorted({1, depth // 2, depth - 1})  # [1, 3, 5] for the 6-layer target
+    taps = sorted({1, depth // 2, depth - 1})  # [1, 12, 23] for the 24-layer target
     prompts = work / "draft_prompts.jsonl"
     records = [json.loads(line) for line in prompts.read_text().splitlines()]
     (work / "draft_data.jsonl").write_text("".join(json.dumps({"token_ids": r["token_ids"]}) + "\n" for r in records))
