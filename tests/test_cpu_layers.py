@@ -241,10 +241,10 @@ def test_matmul_equals_f_linear_and_rows_are_independent(rows, k, n):
         assert torch.equal(cpu_layers.matmul_nt(x[t : t + 1].contiguous(), w)[0], out[t])
 
 
-@pytest.mark.parametrize("rows,k,n", [(1, 64, 96), (2, 48, 33), (3, 20, 7), (5, 37, 16), (9, 200, 65), (16, 512, 3),
-                                      (300, 24, 50)])
+@pytest.mark.parametrize("rows,k,n", [(1, 64, 96), (2, 48, 33), (3, 20, 7), (5, 37, 16), (7, 64, 57), (8, 192, 40),
+                                      (9, 200, 65), (16, 512, 3), (300, 24, 50)])
 def test_panel_matmul_equals_f_linear_and_rows_are_independent(rows, k, n):
-    """The layer's projections: weights packed in panels of 8 outputs, tiles of up to 6 rows (any row count)."""
+    """The layer's projections: weights packed in panels of 8 outputs, tiles of up to 8 rows (any row count)."""
     lib = cpu_layers.library()
     g = torch.Generator().manual_seed(rows + 100)
     x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)

@@ -190,11 +190,11 @@ inline void panel_tile(const float* __restrict x, int k, const float* __restrict
 }
 
 // Panels p_begin .. p_end-1 for RG rows, P panels per tile: 3 up to 4 rows (12 accumulators at 4),
-// 2 for 5-6 rows (12 at 6), so each kk step has >= 9 independent FMA chains (FMA latency 4 cycles,
-// 2 pipes) except at 1-2 rows.
+// 2 for 5-6 rows (12 at 6), 1 for 7-8 rows (16 ymm registers hold no more), so each kk step has >= 7
+// independent FMA chains (FMA latency 4 cycles, 2 pipes) except at 1-2 rows.
 template <int RG>
 void panel_span(const float* x, int k, const float* panels, int p_begin, int p_end, int n, float* out) {
-  constexpr int P = RG <= 4 ? 3 : 2;
+  constexpr int P = RG <= 4 ? 3 : (RG <= 6 ? 2 : 1);
   int p = p_begin;
   for (; p + P <= p_end; p += P) panel_tile<RG, P>(x, k, panels, p, n, out);
   if (P == 3 && p + 2 <= p_end) {
@@ -214,7 +214,9 @@ void matmul_panel_range(const float* x, int rows, int k, const float* panels, in
   for (int pb = p_first; pb < p_last; pb += 6) {
     const int pe = pb + 6 < p_last ? pb + 6 : p_last;
     for (int t = 0; t < rows;) {
-      const int g = rows - t > 6 ? 4 : rows - t;  // 4s while more than 6 remain, then all of them
+      // up to 8 rows: one group (a second group would re-read the block from L2 while no weight streams
+      // in from memory); more: 4s while more than 6 remain, then all of them
+      const int g = rows <= 8 ? rows : (rows - t > 6 ? 4 : rows - t);
       const float* xt = x + static_cast<size_t>(t) * k;
       float* ot = out + static_cast<size_t>(t) * n;
       switch (g) {
@@ -223,7 +225,9 @@ void matmul_panel_range(const float* x, int rows, int k, const float* panels, in
         case 3: panel_span<3>(xt, k, panels, pb, pe, n, ot); break;
         case 4: panel_span<4>(xt, k, panels, pb, pe, n, ot); break;
         case 5: panel_span<5>(xt, k, panels, pb, pe, n, ot); break;
-        default: panel_span<6>(xt, k, panels, pb, pe, n, ot); break;
+        case 6: panel_span<6>(xt, k, panels, pb, pe, n, ot); break;
+        case 7: panel_span<7>(xt, k, panels, pb, pe, n, ot); break;
+        default: panel_span<8>(xt, k, panels, pb, pe, n, ot); break;
       }
       t += g;
     }
