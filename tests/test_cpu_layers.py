@@ -427,3 +427,27 @@ def test_inference_tensor_heads_work():
         head.weight = weight
         hidden = torch.randn(3, 16)
         assert torch.equal(cpu_layers.greedy_drafts(hidden, head, 0.0, 6), F.linear(hidden, weight).argmax(-1))
+
+
+def test_a_decode_checks_its_layer_plans_once(loaded_tiny_pair, monkeypatch):
+    """Inside a decode loop (`fixed_weights`) the plans are validated on the first pass only; outside it,
+    every pass checks them (so weights replaced between calls are still picked up)."""
+    from dflash_trt.spec.autoregressive import autoregressive_generate
+    from dflash_trt.spec.decode import speculative_generate
+    from dflash_trt.spec.requests import Request, StopCriteria
+
+    pair = loaded_tiny_pair
+    seen = []
+    objects = cpu_layers._objects
+    monkeypatch.setattr(cpu_layers, "_objects", lambda layer: seen.append(id(layer)) or objects(layer))
+    request = Request(tuple(range(5, 17)), stop=StopCriteria(12))
+    autoregressive_generate(pair.target, [request])
+    assert len(seen) == len(pair.target.model.layers)  # 12 passes, one check
+    seen.clear()
+    speculative_generate(pair.target, pair.draft, [request], 8)
+    assert len(seen) == len(pair.target.model.layers) + len(pair.draft.layers)
+    seen.clear()
+    with torch.inference_mode():
+        for _ in range(3):
+            cpu_layers.plans(pair.target.model.layers)
+    assert len(seen) == 3 * len(pair.target.model.layers)

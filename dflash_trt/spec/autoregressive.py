@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from dflash_trt.model import cpu_layers
 from dflash_trt.model.target import Target
 from dflash_trt.spec.batch import BatchParams, cache_capacity, prefill
 from dflash_trt.spec.requests import Detokenize, GenerationResult, OnCommit, Request, Row
@@ -14,6 +15,7 @@ from dflash_trt.spec.sampling import sample_tokens
 
 
 @torch.inference_mode()
+@cpu_layers.fixed_weights
 def autoregressive_generate(
     target: Target,
     requests: list[Request],

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash_trt.model import cpu_layers
 from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.model.target import Target
 from dflash_trt.spec.batch import BatchParams, cache_capacity, prefill
@@ -28,6 +29,7 @@ class DecodeTimings:
 
 
 @torch.inference_mode()
+@cpu_layers.fixed_weights
 def speculative_generate(
     target: Target,
     draft: DFlashDraft,
