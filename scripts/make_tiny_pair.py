@@ -304,8 +304,8 @@ def main() -> None:
             cut_prompts(args.work, train_files, args.draft_samples, 64, args.seed, "draft_prompts.jsonl")
             summary = train_drafter(args.work, args.seed, args.draft_steps, args.draft_layers, args.draft_init,
                                     args.draft_lr)
-            if args.draft_init is not None and "draft" in log:  # the run it continues: kept for the card
-                log["draft_init"] = log["draft"]
+            if args.draft_init is not None and "draft" in log:  # the runs it continues: kept for the card
+                log["draft_history"] = [*log.get("draft_history", []), log["draft"]]
             log["draft"] = {k: v for k, v in summary.items() if k != "loss_history"} | {
                 "layers": args.draft_layers, "samples": args.draft_samples, "lr": args.draft_lr,
                 "init": None if args.draft_init is None else str(args.draft_init),
@@ -387,17 +387,16 @@ A Qwen3-architecture causal LM trained from scratch for dflash-trt's tests, quic
 
 Not a useful language model: a small, fast, real target whose greedy continuations a drafter can learn.
 """)
-    continued = ""
-    if d.get("init"):
-        first = log.get("draft_init") or {}
-        made = (f" ({first.get('layers', '?')} layer(s), {first['steps']} steps, lr {first.get('lr', '?')}, "
-                f"{first['seconds']:.0f} s)" if {"steps", "seconds"} <= first.keys() else "")
+    continued, history = "", log.get("draft_history", []) if d.get("init") else []
+    if history:
+        made = "; ".join(f"{r.get('layers', '?')} layer(s), {r['steps']} steps, lr {r.get('lr', '?')}, {r['seconds']:.0f} s"
+                         for r in history if {"steps", "seconds"} <= r.keys())
         grew = (f", grown to {d['layers']} layers (new layers start as the identity)"
-                if first.get("layers") and first["layers"] != d.get("layers") else "")
-        continued = (f" (lr {d.get('lr', '?')}), continuing a drafter trained on the same data{made}{grew} "
-                     f"(`--draft-init`; both runs in make_log.json)")
-    runs = [r.get("command") for r in (log.get("draft_init") if d.get("init") else None, d) if r]
-    reproduce_draft = ", then (the first run's `draft/` moved to the `--draft-init` path) ".join(f"`{c}`" for c in runs)
+                if history[-1].get("layers") and history[-1]["layers"] != d.get("layers") else "")
+        continued = (f" (lr {d.get('lr', '?')}), continuing earlier runs on the same data ({made}){grew} "
+                     f"(`--draft-init`; every run in make_log.json)")
+    runs = [r.get("command") for r in [*history, d] if r.get("command")]
+    reproduce_draft = ", then (the previous run's `draft/` moved to the `--draft-init` path) ".join(f"`{c}`" for c in runs)
     reproduce_draft = reproduce_draft or "`python scripts/make_tiny_pair.py --stage all --seed 0`"
     (work / "draft" / "README.md").write_text(f"""# tiny-qwen3-dflash (dflash-trt's embedded default drafter)
 
