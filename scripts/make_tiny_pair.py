@@ -29,10 +29,13 @@ weights live in DRAM, as a real LLM's do, so verify rows ride along with one wei
     # move out/tiny_pair_v6/draft to draft_s3000 (keep draft.train-state/samples.jsonl: the regenerated data)
     python scripts/make_tiny_pair.py --work out/tiny_pair_v6 --stage draft --draft-layers 2 --draft-samples 6144 \
         --draft-steps 2500 --draft-init out/tiny_pair_v6/draft_s3000 --draft-lr 1e-3 --threads 2
+    # likewise, draft/ moved to draft_c2500
+    python scripts/make_tiny_pair.py --work out/tiny_pair_v6 --stage draft --draft-layers 2 --draft-samples 6144 \
+        --draft-steps 2000 --draft-init out/tiny_pair_v6/draft_c2500 --draft-lr 5e-4 --threads 2
     python scripts/make_tiny_pair.py --work out/tiny_pair_v6 --stage prompts   # then measure, install
 
-Time on the 2-core CPU dev machine: ~1 h (12-layer target) + ~51 min (24-layer) + ~84 min and ~63 min
-(the drafter's two runs, regeneration and target features included); each stage's seconds are in
+Time on the 2-core CPU dev machine: ~1 h (12-layer target) + ~51 min (24-layer) + ~84, ~63 and ~51 min
+(the drafter's three runs, regeneration and target features included); each stage's seconds are in
 make_log.json, the runs' settings and results in the model cards.
 """
 

@@ -85,7 +85,8 @@ def test_served_equals_local_runtime(served):
     request = parse_request(lambda n: None if n not in inputs else np.array([inputs[n]], dtype=object if n == "text_input" else None),
                             pair.tokenizer, 512, pair.target.config.vocab_size,
                             frozenset({pair.tokenizer.eos_token_id})).request
-    local, _ = generate(pair, [request], block_size=16)
+    runtime = load_build_config(ROOT / "build_configs" / "tiny-cpu.yaml").runtime  # the server's settings
+    local, _ = generate(pair, [request], block_size=16, min_confidence=runtime.draft_confidence)
     served_result = grpc_generate(server.grpc_url, inputs)
     assert served_result.token_ids == local[0].tokens
     assert served_result.acceptance_lengths == local[0].acceptance_lengths
