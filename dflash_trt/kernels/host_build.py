@@ -49,8 +49,13 @@ EMULATOR = HostLibrary("libdflash_verify_emu.so", "twin/cta_emulator.cpp",
                        (*COMMON_FLAGS, "-O1", "-Wno-unknown-pragmas"), needs_cuda_headers=True)
 
 
+def cache_home() -> Path:
+    """dflash-trt's cache folder: $DFLASH_TRT_CACHE_DIR, default ~/.cache/dflash_trt."""
+    return Path(os.environ.get("DFLASH_TRT_CACHE_DIR") or Path.home() / ".cache" / "dflash_trt")
+
+
 def cache_root() -> Path:
-    return Path(os.environ.get("DFLASH_TRT_CACHE_DIR") or Path.home() / ".cache" / "dflash_trt") / "verify_host"
+    return cache_home() / "verify_host"
 
 
 def cuda_include_dir() -> Path | None:

@@ -154,9 +154,7 @@ class DFlashDraft(nn.Module):
         equal to `append_context` followed by this call, with one projection per layer instead of two.
         The block's own K/V land at start..start+Q-1 (transient: the next context overwrites them).
         """
-        x = noise_embedding.to(self.fc.weight.dtype)
-        if self.config.input_embedding_scale != 1.0:
-            x = x * self.config.input_embedding_scale
+        x = self._block_input(noise_embedding)
         b = x.shape[0]
         if b == 1 and self.full_attention and cpu_layers.eligible(block_positions, cache):
             plans = cpu_layers.plans(self.layers)
@@ -189,6 +187,11 @@ class DFlashDraft(nn.Module):
                 masks[kind] = layer.visible(block_positions, key_end, s, uniform)
             x = layer(x, ctx, rope, cache, i, slots, positions, valid, s, masks[kind])
         return self.norm(x)
+
+    def _block_input(self, noise_embedding: torch.Tensor) -> torch.Tensor:
+        """The block's embeddings in the drafter's dtype, times z-lab's input scale."""
+        x = noise_embedding.to(self.fc.weight.dtype)
+        return x * self.config.input_embedding_scale if self.config.input_embedding_scale != 1.0 else x
 
     @property
     def full_attention(self) -> bool:
@@ -312,7 +315,6 @@ class DFlashDraft(nn.Module):
                                       min_confidence, CONFIDENCE_FIRST)
         return drafts if vocab is None else vocab[0][drafts]
 
-
     def draft_block(self, noise_embedding: torch.Tensor, block_positions: torch.Tensor, cache: KVCache,
                     slots: torch.Tensor, context: tuple | None, lm_head: nn.Module,
                     min_confidence: float = 0.0) -> torch.Tensor:
@@ -336,9 +338,7 @@ class DFlashDraft(nn.Module):
                 and self.config.output_multiplier == 1.0 and not self.config.final_logit_softcapping
                 and cpu_layers.eligible(block_positions, cache)):
             return None
-        x = noise_embedding.to(self.fc.weight.dtype)
-        if self.config.input_embedding_scale != 1.0:
-            x = x * self.config.input_embedding_scale
+        x = self._block_input(noise_embedding)
         plans = cpu_layers.plans(self.layers)
         if plans is None or not cpu_layers.partial_ok(plans[-1]) or not cpu_layers.head_ready(x, head):
             return None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,23 +18,14 @@ from pathlib import Path
 import torch
 
 from dflash_trt.checkpoint.configs import DraftConfig, default_target_layer_ids
-from dflash_trt.checkpoint.draft_writer import (
-    draft_config_for_target,
-    write_draft_folder,
-)
+from dflash_trt.checkpoint.draft_writer import draft_config_for_target, write_draft_folder
 from dflash_trt.errors import ConfigError
 from dflash_trt.model import draft_vocab
 from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.train import data as train_data
 from dflash_trt.train import state as train_state
-from dflash_trt.train.blocks import (
-    block_loss,
-    chain_acceptance_length,
-    cosine_lr,
-    draft_training_logits,
-    sample_blocks,
-    simulated_acceptance_length,
-)
+from dflash_trt.train.blocks import (block_loss, chain_acceptance_length, cosine_lr, draft_training_logits,
+                                    sample_blocks, simulated_acceptance_length)
 
 
 @dataclass
@@ -278,8 +268,9 @@ def features_cache_file(target_folder: str, taps: tuple[int, ...], tokens: torch
     digest.update(json.dumps(list(taps)).encode())
     digest.update(str(tuple(tokens.shape)).encode())
     digest.update(tokens.to(torch.int64).contiguous().numpy().tobytes())
-    root = Path(os.environ.get("DFLASH_TRT_CACHE_DIR") or Path.home() / ".cache" / "dflash_trt")
-    return root / "train_features" / f"{digest.hexdigest()[:32]}.safetensors"
+    from dflash_trt.kernels.host_build import cache_home
+
+    return cache_home() / "train_features" / f"{digest.hexdigest()[:32]}.safetensors"
 
 
 @torch.enable_grad()  # robust to a caller that disabled autograd globally
