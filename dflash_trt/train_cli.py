@@ -35,6 +35,9 @@ from dflash_trt.cli_types import INT_LIST
 @click.option("--cache-features", is_flag=True,
               help="Keep the target's features of the data in the cache dir (samples x seq-len x taps x hidden x 4 "
                    "bytes) so later runs on the same target, taps and data skip computing them.")
+@click.option("--feature-memory-gb", type=click.FloatRange(min=0), default=4.0, show_default=True,
+              help="Compute the target's features of the whole dataset once and keep them in memory up to this "
+                   "size (samples x seq-len x taps x hidden x 4 bytes); larger datasets run the target every step.")
 @click.option("--eval-samples", type=click.IntRange(min=0), default=0, show_default=True,
               help="Hold out this many samples for the reported τ (0: measure it on 16 training samples).")
 @click.option("--init", type=click.Path(exists=True, file_okay=False),

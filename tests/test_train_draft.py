@@ -207,3 +207,18 @@ def test_cached_features_are_reused_and_give_the_same_run(tiny_pair, tmp_path, m
     assert not computed and again["loss_history"] == first["loss_history"]
     _train(tiny_pair[0], data, tmp_path / "c", 1, ("--cache-features", "--target-layer-ids", "0,1"))
     assert sum(computed) == 48 and len(list((tmp_path / "cache" / "train_features").glob("*.safetensors"))) == 2
+
+
+def test_features_over_the_memory_budget_are_computed_per_step_with_the_same_run(tiny_pair, tmp_path, monkeypatch):
+    from dflash_trt.train import trainer
+
+    computed = []
+    compute = trainer.TargetFeatures._compute
+    monkeypatch.setattr(trainer.TargetFeatures, "_compute", lambda self, b: computed.append(len(b)) or compute(self, b))
+    data = _data(tmp_path / "d.jsonl")
+    table = _train(tiny_pair[0], data, tmp_path / "a", 3)
+    assert sum(computed) == 48  # the whole dataset once
+    computed.clear()
+    per_step = _train(tiny_pair[0], data, tmp_path / "b", 3, ("--feature-memory-gb", "0"))
+    assert computed[:3] == [4, 4, 4]  # one training batch a step, no table
+    assert per_step["loss_history"] == pytest.approx(table["loss_history"], rel=1e-5)

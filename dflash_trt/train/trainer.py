@@ -55,6 +55,7 @@ class TrainDraftConfig:
     init: str | None = None  # a drafter folder whose weights the run starts from (same shapes and taps)
     eval_samples: int = 0  # samples held out for the chain-simulated τ (0: the first 16 training samples)
     cache_features: bool = False  # keep the dataset's target features on disk for later runs (features_cache_file)
+    feature_memory_gb: float = 4.0  # target features of the whole dataset held in memory up to this size, else per step
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -62,6 +63,8 @@ class TrainDraftConfig:
             raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
         if self.eval_samples < 0:
             raise ConfigError(f"eval_samples must be >= 0, got {self.eval_samples}")
+        if self.feature_memory_gb < 0:
+            raise ConfigError(f"feature_memory_gb must be >= 0, got {self.feature_memory_gb}")
         for name in ("layers", "steps", "batch_size", "num_anchors", "save_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -280,7 +283,7 @@ def _loop(cfg, target, draft, optimizer, tokens, loss_mask, step, state_dir, pro
     the first `train_count`; `eval_rows` give the chain-simulated τ at each save and at the end."""
     taps = tuple(draft.config.target_layer_ids)
     cache_file = features_cache_file(cfg.target, taps, tokens) if cfg.cache_features else None
-    features = TargetFeatures(target, tokens, taps, cache_file=cache_file)
+    features = TargetFeatures(target, tokens, taps, budget_bytes=cfg.feature_memory_gb * 1e9, cache_file=cache_file)
 
     def chain_tau() -> float:
         draft.eval()
