@@ -126,7 +126,8 @@ def test_draft_cpu_layers_equal_the_torch_path(loaded_tiny_pair, torch_path):
 
 
 def test_last_layer_rows_in_stages_equal_the_whole_pass(target):
-    """run_layers(last_rows=...) then layer_rows for the other rows: the same rows and K/V, bit for bit."""
+    """The last layer's rows in stages (layer_rows, the first stage writing every row's K/V): the same
+    rows and K/V as a whole pass, bit for bit."""
     plans = cpu_layers.plans(target.model.layers)
     dims = target.config.dims
     tokens = torch.randint(0, 256, (1, 29), generator=torch.Generator().manual_seed(3))
@@ -138,14 +139,13 @@ def test_last_layer_rows_in_stages_equal_the_whole_pass(target):
             x = target.embed(tokens[:, 20:]).reshape(9, -1).clone()
             cos, sin = target.rotary.rows(20, 9, x.dtype)
             args = (x, None, None, cache, slots, torch.tensor([20]), cos, sin)
-            cpu_layers.run_layers(plans, *args, causal=True, last_rows=stages[0])
-            for rows in stages[1:]:
-                cpu_layers.layer_rows(plans, len(plans) - 1, rows, *args, causal=True)
+            cpu_layers.run_layers(plans[:-1], *args, causal=True)
+            for i, rows in enumerate(stages):
+                cpu_layers.layer_rows(plans, len(plans) - 1, rows, *args, causal=True, write_kv=i == 0)
         return x, cache.k[:, 0, :, :29].clone(), cache.v[:, 0, :, :29].clone()
 
     whole = pass_over_block([(0, 9)])
-    if not cpu_layers.partial_ok(plans[-1]):  # query heads not a whole number of panels: refused
-        assert dims.num_attention_heads * dims.head_dim % 8
+    if dims.num_heads * dims.head_dim % 8:  # query heads not a whole number of panels: refused
         with pytest.raises(ValueError, match="rows 2..5"):
             pass_over_block([(2, 5)])
         return
@@ -157,42 +157,60 @@ def test_last_layer_rows_in_stages_equal_the_whole_pass(target):
     assert not torch.equal(x[:2], whole[0][:2]) and torch.equal(x[2:5], whole[0][2:5])
 
 
-@pytest.mark.parametrize("min_confidence", [1e-300, 1e-9, 0.02, 0.3])
-def test_lazy_draft_block_equals_forward_then_propose(loaded_tiny_pair, monkeypatch, min_confidence):
-    """draft_block's last layer outputs the slots the confidence cut reads (the first 6, the rest only
-    when those are trusted); drafts and draft K/V equal a whole pass followed by propose."""
-    first, staged = [], []
-    run_layers, layer_rows = cpu_layers.run_layers, cpu_layers.layer_rows
-    monkeypatch.setattr(cpu_layers, "run_layers", lambda *a, **k: first.append(k.get("last_rows")) or run_layers(*a, **k))
-    monkeypatch.setattr(cpu_layers, "layer_rows", lambda *a, **k: staged.append(a[2]) or layer_rows(*a, **k))
+@pytest.mark.parametrize("min_confidence", [0.0, 1e-300, 1e-9, 0.02, 0.3])
+@pytest.mark.parametrize("draft_vocab", [None, 200])
+def test_one_call_draft_block_equals_forward_then_propose(loaded_tiny_pair, monkeypatch, min_confidence, draft_vocab):
+    """draft_block of one sequence is one C++ call (cpu_layers.DraftStep) whose last layer outputs the
+    slots the confidence cut reads (the first 6, the rest only when those are trusted); drafts and
+    draft K/V equal a whole pass followed by propose, with and without a draft vocabulary."""
+    calls, last_rows = [], []
+    step_call = cpu_layers.DraftStep.__call__
+
+    def record(self, *a, **k):
+        drafts = step_call(self, *a, **k)
+        calls.append(drafts.numel())
+        last_rows.append(self.last_rows)
+        return drafts
+
+    monkeypatch.setattr(cpu_layers.DraftStep, "__call__", record)
     draft, target = loaded_tiny_pair.draft, loaded_tiny_pair.target
+    draft.use_vocab(None if draft_vocab is None else list(range(3, 3 + draft_vocab)), target.lm_head)
     q = draft.config.block_size
     n_taps = len(draft.config.target_layer_ids) * target.config.dims.hidden_size
-    for seed in range(12):
-        g = torch.Generator().manual_seed(seed)
-        target_hidden = torch.randn(1, 40, n_taps, generator=g) * (0.2 + seed / 4)  # a range of confidences
-        bonus = torch.randint(0, 256, (1, 1), generator=g)
-        block = target.embed(torch.cat([bonus, torch.full((1, q - 1), draft.config.mask_token_id)], 1))
-        results = []
-        for lazy in (False, True):
-            cache, slots = draft.new_cache(1, 64), torch.tensor([0])
-            with torch.inference_mode():
-                draft.append_context(target_hidden[:, :20], torch.arange(20)[None], cache, slots)
-                context = (target_hidden[:, 20:24], torch.arange(20, 24)[None], None)
-                positions = torch.arange(24, 24 + q)[None]
-                if lazy:
-                    drafts = draft.draft_block(block, positions, cache, slots, context, target.lm_head, min_confidence)
-                else:
-                    hidden = draft(block, positions, cache, slots, context)
-                    drafts = draft.propose(hidden[:, 1:], target.lm_head, min_confidence)
-            results.append((drafts, cache.k[:, 0, :, : 24 + q].clone(), cache.v[:, 0, :, : 24 + q].clone()))
-        for got, want in zip(results[1], results[0]):
-            assert torch.equal(got, want)
-    assert first.count((1, 7)) == 12  # every lazy pass output slots 1..6 first
-    if min_confidence < 1e-100:  # every slot trusted: the rest of the last layer ran each time
-        assert staged == [(7, q)] * 12
+    try:
+        for seed in range(12):
+            g = torch.Generator().manual_seed(seed)
+            target_hidden = torch.randn(1, 40, n_taps, generator=g) * (0.2 + seed / 4)  # a range of confidences
+            bonus = torch.randint(0, 256, (1, 1), generator=g)
+            block = target.embed(torch.cat([bonus, torch.full((1, q - 1), draft.config.mask_token_id)], 1))
+            results = []
+            for one_call in (False, True):
+                cache, slots = draft.new_cache(2, 64), torch.tensor([1])
+                with torch.inference_mode():
+                    draft.append_context(target_hidden[:, :20], torch.arange(20)[None], cache, slots)
+                    context = (target_hidden[:, 20:24], torch.arange(20, 24)[None], None) if seed % 3 else None
+                    start = 24 if seed % 3 else 20
+                    positions = torch.arange(start, start + q)[None]
+                    if one_call:
+                        drafts = draft.draft_block(block, positions, cache, slots, context, target.lm_head,
+                                                   min_confidence)
+                    else:
+                        hidden = draft(block, positions, cache, slots, context)
+                        drafts = draft.propose(hidden[:, 1:], target.lm_head, min_confidence)
+                results.append((drafts, cache.k[:, 1, :, : 24 + q].clone(), cache.v[:, 1, :, : 24 + q].clone()))
+            for got, want in zip(results[1], results[0]):
+                assert torch.equal(got, want)
+    finally:
+        draft.use_vocab(None, target.lm_head)
+    assert len(calls) == 12  # every draft_block was the one call
+    if min_confidence == 0.0:  # no cut: the whole last layer, every slot proposed
+        assert last_rows == [q] * 12 and calls == [q - 1] * 12
+    else:  # slots 1..6 first; the rest of the layer only where those six were all trusted
+        assert all(r == (q - 1 if n > 6 or (n == 6 and r == q - 1) else 6) for r, n in zip(last_rows, calls))
+    if 0.0 < min_confidence < 1e-100:  # every slot trusted: the rest of the last layer ran each time
+        assert last_rows == [q - 1] * 12
     if min_confidence >= 0.3:  # the cut falls within the first slots: the rest never ran
-        assert len(staged) < 12
+        assert last_rows.count(6) > 0
 
 
 def test_batched_draft_with_ragged_contexts_equals_the_torch_path(loaded_tiny_pair, torch_path, monkeypatch):

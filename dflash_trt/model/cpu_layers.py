@@ -51,6 +51,15 @@ class _Weights(ctypes.Structure):
                 ("kv_heads", _i32), ("head_dim", _i32), ("intermediate", _i32), ("eps", ctypes.c_float)]
 
 
+class _DraftStep(ctypes.Structure):
+    """Mirror of DflDraftStep in decoder_layer.cpp."""
+
+    _fields_ = [("layers", ctypes.POINTER(ctypes.POINTER(_Weights))), ("n_layers", _i32), ("fc", _p), ("fc_in", _i32),
+                ("hidden_norm", _p), ("hidden_eps", ctypes.c_float), ("final_norm", _p), ("final_eps", ctypes.c_float),
+                ("head", _p), ("vocab", _i32), ("vocab_ids", _p), ("first", _i32)]
+
+
+_i64 = ctypes.c_int64
 _SIGNATURES = {  # name: (restype, argtypes)
     "dfl_decoder_layer": (_i32, [ctypes.POINTER(_Weights), _p, _i32, _i32, _p, _p, _p, _p, _p, _p, _p, _p, _i32, _i32]),
     "dfl_decoder_layer_rows": (_i32, [ctypes.POINTER(_Weights), _p, _i32, _i32, _p, _p, _p, _p, _p, _p, _p, _p, _i32,
@@ -61,6 +70,8 @@ _SIGNATURES = {  # name: (restype, argtypes)
     "dfl_rms_norm": (None, [_p, _i32, _i32, _p, ctypes.c_float, _p]),
     "dfl_greedy_verify": (_i32, [_p, _i32, _i32, _p, _i32, _p, _i32, _p]),
     "dfl_greedy_drafts": (_i32, [_p, _i32, _i32, _p, _i32, ctypes.c_float, _i32, _p]),
+    "dfl_draft_step": (_i32, [ctypes.POINTER(_DraftStep), _p, _i32, _p, _i32, _p, _p, _p, _p, _i64, _i64, _i64, _i32,
+                              ctypes.c_float, _p, _p]),
 }
 
 
@@ -234,33 +245,24 @@ def run_layers(
     sin: torch.Tensor,
     causal: bool,
     after_layer=None,  # called with the layer index after each layer (taps)
-    last_rows: tuple[int, int] | None = None,  # the last layer outputs only these block rows (see layer_rows)
 ) -> None:
     """All decoder layers over B sequences of [context ; block]; K/V of every row go to `cache`
-    (layer i of `plans` uses cache layer i). Arguments are checked once, then one C++ call a layer.
-    With `last_rows` = (lo, hi) the last layer still stores every row's K/V but updates only block
-    rows lo..hi-1 of each sequence (`layer_rows` outputs the others later); needs `partial_ok`."""
+    (layer i of `plans` uses cache layer i). Arguments are checked once, then one C++ call a layer."""
     call = _LayerCall(plans, x, context, context_counts, cache, slots, starts, cos, sin, causal)
     for i in range(len(plans)):
-        if last_rows is not None and i == len(plans) - 1:
-            call(i, *last_rows, write_kv=True)
-        else:
-            call(i, 0, call.q_rows, write_kv=True)
+        call(i, 0, call.q_rows, write_kv=True)
         if after_layer is not None:
             after_layer(i)
 
 
 def layer_rows(plans: list[LayerPlan], index: int, rows: tuple[int, int], x, context, context_counts, cache, slots,
-               starts, cos, sin, causal: bool) -> None:
-    """Layer `index` for block rows rows[0]..rows[1]-1 of each sequence only, their K/V (and every
-    other row's) already in the cache from the `run_layers` call these arguments were given to:
-    that call's `last_rows` and this one together give every row the numbers of a whole pass."""
-    _LayerCall(plans, x, context, context_counts, cache, slots, starts, cos, sin, causal)(index, *rows, write_kv=False)
-
-
-def partial_ok(plan: LayerPlan) -> bool:
-    """Whether the layer can output a subset of its rows (its query heads fill whole panels)."""
-    return plan.weights.heads * plan.weights.head_dim % 8 == 0
+               starts, cos, sin, causal: bool, write_kv: bool) -> None:
+    """Layer `index` (`run_layers` arguments) for block rows rows[0]..rows[1]-1 of each sequence only;
+    with `write_kv` it stores every row's K/V, else they must be in the cache already. Outputting a
+    layer's rows in stages (the first with write_kv) gives every row the numbers of a whole pass: the
+    drafter's last layer does this inside `DraftStep`. Needs the query heads to fill whole panels
+    (heads x head_dim a multiple of 8; else ValueError)."""
+    _LayerCall(plans, x, context, context_counts, cache, slots, starts, cos, sin, causal)(index, *rows, write_kv)
 
 
 class _LayerCall:
@@ -385,3 +387,69 @@ def greedy_drafts(hidden: torch.Tensor, head, min_confidence: float, first: int)
     kept = library().dfl_greedy_drafts(hidden.data_ptr(), hidden.shape[0], hidden.shape[1], panels.data_ptr(),
                                        weight.shape[0], floor, first, tokens.data_ptr())
     return tokens[:kept]
+
+
+# --- one sequence's draft step --------------------------------------------------------------------
+
+
+class DraftStep:
+    """A drafter's whole one-sequence draft step in one C++ call (dfl_draft_step): context features
+    (fc through cached panels, norm), every layer over [context ; block] with the last one lazily
+    output for the confidence cut, final norm and the greedy head. Numbers equal to the separate
+    calls (`run_layers`, `layer_rows`, `rms_norm`, `greedy_drafts`); what it saves is the Python
+    between them (~0.5 ms a step while the target's weight stream evicts the objects it touches).
+    Build with `DraftStep.of`; valid while the tensors it points to are (it keeps them alive)."""
+
+    def __init__(self, plans: list[LayerPlan], fc_panels, fc_in: int, hidden_norm, final_norm, head_panels,
+                 vocab: int, vocab_ids: torch.Tensor | None, first: int):
+        self.keep = (plans, fc_panels, hidden_norm.weight, final_norm.weight, head_panels, vocab_ids)
+        self.layers = (ctypes.POINTER(_Weights) * len(plans))(*(p.pointer for p in plans))
+        self.struct = _DraftStep(self.layers, len(plans), fc_panels.data_ptr(), fc_in, hidden_norm.weight.data_ptr(),
+                                 hidden_norm.eps, final_norm.weight.data_ptr(), final_norm.eps, head_panels.data_ptr(),
+                                 vocab, None if vocab_ids is None else vocab_ids.data_ptr(), first)
+        self.pointer = ctypes.pointer(self.struct)
+        self.last_rows = 0  # block rows the last layer output in the latest call (tests read it)
+
+    @staticmethod
+    def of(owner, plans: list[LayerPlan], fc: nn.Module, hidden_norm, final_norm, head, vocab_ids, first: int):
+        """The step for these modules, cached on `owner` (one entry) and rebuilt when any of them (or
+        their packed panels) changes; None where the C++ code does not apply (see `head_weight`)."""
+        fc_weight, head_w = head_weight(fc), head_weight(head)
+        norms = (hidden_norm.weight, final_norm.weight)
+        if fc_weight is None or head_w is None or library() is None or not all(
+                w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous() for w in norms):
+            return None
+        if vocab_ids is not None and not (vocab_ids.dtype == torch.int64 and vocab_ids.is_contiguous()
+                                          and vocab_ids.numel() == head_w.shape[0]):
+            return None
+        fc_panels, head_panels = _head_panels(fc, fc_weight), _head_panels(head, head_w)
+        key = (*map(id, plans), id(fc_panels), id(head_panels), *map(id, norms), hidden_norm.eps, final_norm.eps,
+               id(vocab_ids), first)
+        cached = owner.__dict__.get("_cpu_draft_step")
+        if cached is None or cached[0] != key:
+            step = DraftStep(plans, fc_panels, fc_weight.shape[1], hidden_norm, final_norm, head_panels,
+                             head_w.shape[0], vocab_ids, first)
+            cached = (key, step)
+            owner.__dict__["_cpu_draft_step"] = cached
+        return cached[1]
+
+    def __call__(self, block: torch.Tensor, target_hidden: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                 cache: KVCache, slot: int, start: int, min_confidence: float) -> torch.Tensor:
+        """block [W, H] input rows, target_hidden [n, fc_in] (None: no new context), cos / sin
+        [n + W, D] of positions start - n ..; -> drafts [K' <= W - 1] (tokens)."""
+        n = 0 if target_hidden is None else target_hidden.shape[0]
+        width = block.shape[0]
+        for t in (block, cos, sin, *(() if target_hidden is None else (target_hidden,))):
+            assert t.is_contiguous() and t.dtype == torch.float32 and t.device.type == "cpu"
+        drafts = torch.empty(width - 1, dtype=torch.int64)
+        last_rows = ctypes.c_int32(0)
+        floor = math.log(min_confidence) if min_confidence > 0.0 else -math.inf
+        kept = library().dfl_draft_step(
+            self.pointer, block.data_ptr(), width, None if target_hidden is None else target_hidden.data_ptr(), n,
+            cos.data_ptr(), sin.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(), cache.k[0].numel(), slot, start,
+            cache.capacity, floor, drafts.data_ptr(), ctypes.byref(last_rows))
+        if kept < 1:
+            raise ValueError(f"dfl_draft_step rejected its sizes (block {width} rows at {start}, {n} context rows, "
+                             f"cache capacity {cache.capacity})")
+        self.last_rows = last_rows.value
+        return drafts[:kept]

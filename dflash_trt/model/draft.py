@@ -319,39 +319,42 @@ class DFlashDraft(nn.Module):
                     slots: torch.Tensor, context: tuple | None, lm_head: nn.Module,
                     min_confidence: float = 0.0) -> torch.Tensor:
         """Drafts [B, K' <= K] of block slots 1..K: `forward` then `propose`, with the same K/V writes
-        and the same drafts. One sequence on the C++ path with a confidence cut runs the last layer
-        for the rows the cut reads: slots 1..CONFIDENCE_FIRST, and the rest only when all of those
-        are trusted (a row's output depends on no other row's query, so nothing changes)."""
-        drafts = self._lazy_drafts(noise_embedding, block_positions, cache, slots, context, lm_head, min_confidence)
+        and the same drafts. One sequence on the C++ path is one call (`cpu_layers.DraftStep`); with a
+        confidence cut its last layer outputs the rows the cut reads: slots 1..CONFIDENCE_FIRST, and
+        the rest only when all of those are trusted (a row's output depends on no other row's query,
+        so nothing changes)."""
+        drafts = self._one_call_drafts(noise_embedding, block_positions, cache, slots, context, lm_head, min_confidence)
         if drafts is not None:
             return drafts
         hidden = self(noise_embedding, block_positions, cache, slots, context)
         return self.propose(hidden[:, 1:], lm_head, min_confidence)
 
-    def _lazy_drafts(self, noise_embedding, block_positions, cache: KVCache, slots, context, lm_head,
-                     min_confidence: float) -> torch.Tensor | None:
-        """`draft_block`'s C++ path with a lazily output last layer, or None where it does not apply."""
+    def _one_call_drafts(self, noise_embedding, block_positions, cache: KVCache, slots, context, lm_head,
+                         min_confidence: float) -> torch.Tensor | None:
+        """`draft_block` for one sequence through `cpu_layers.DraftStep`, or None where it does not
+        apply: its context must be the run of positions right before its block."""
         b, q = block_positions.shape
-        first, vocab = CONFIDENCE_FIRST, self.vocab
-        head = lm_head if vocab is None else vocab[1]
-        if not (b == 1 and min_confidence > 0.0 and q - 1 > first and self.full_attention
-                and self.config.output_multiplier == 1.0 and not self.config.final_logit_softcapping
-                and cpu_layers.eligible(block_positions, cache)):
+        if not (b == 1 and self.full_attention and self.config.output_multiplier == 1.0
+                and not self.config.final_logit_softcapping and cpu_layers.eligible(block_positions, cache)):
             return None
-        x = self._block_input(noise_embedding)
         plans = cpu_layers.plans(self.layers)
-        if plans is None or not cpu_layers.partial_ok(plans[-1]) or not cpu_layers.head_ready(x, head):
+        vocab = self.vocab
+        head, ids = (lm_head, None) if vocab is None else (vocab[1], vocab[0])
+        step = None if plans is None else cpu_layers.DraftStep.of(self, plans, self.fc, self.hidden_norm, self.norm,
+                                                                   head, ids, CONFIDENCE_FIRST)
+        if step is None:
             return None
-        args = self._one_sequence_args(x, context, block_positions, cache, slots)
-        if args is None:
-            return None
-        rows = args[0]  # [Q, H]; row 0 (the bonus) is never proposed from, so the last layer skips it
-        cpu_layers.run_layers(plans, *args, causal=False, last_rows=(1, 1 + first))
-        drafts = cpu_layers.greedy_drafts(self.norm(rows[1 : 1 + first]), head, min_confidence, first)
-        if drafts.numel() == first:  # every slot read so far is trusted: the rest of the block too
-            cpu_layers.layer_rows(plans, len(plans) - 1, (1 + first, q), *args, causal=False)
-            drafts = cpu_layers.greedy_drafts(self.norm(rows[1:]), head, min_confidence, first)
-        return drafts[None] if vocab is None else vocab[0][drafts][None]
+        start, n, target_hidden = int(block_positions[0, 0]), 0, None
+        if context is not None:
+            hidden, ctx_positions, ctx_valid = context
+            n = hidden.shape[1] if ctx_valid is None else int(ctx_valid.sum())  # one row: a prefix is valid
+            if n:
+                if int(ctx_positions[0, 0]) + n != start or int(ctx_positions[0, n - 1]) != start - 1:
+                    return None
+                target_hidden = hidden[0, :n].to(self.fc.weight.dtype).contiguous()
+        x = self._block_input(noise_embedding).reshape(q, -1).contiguous()
+        cos, sin = self.rotary.rows(start - n, n + q, x.dtype)
+        return step(x, target_hidden, cos, sin, cache, int(slots[0]), start, min_confidence)[None]
 
 
 class _Head:

@@ -666,6 +666,34 @@ float log_top_probability(const float* v, int n, float* scratch) {
   return -std::log(total);
 }
 
+// The confidence cut over the draft slots read so far (dfl_greedy_drafts, dfl_draft_step): each
+// chunk of slots goes through the head; the running sum of log top-probabilities carries over.
+struct DraftCut {
+  float log_floor;
+  bool cut;  // log_floor > -inf and more than one slot: otherwise every slot is kept
+  float running = 0.0f;
+  std::vector<float> logits, scratch;
+
+  DraftCut(float floor, int k, int vocab)
+      : log_floor(floor), cut(floor > -INFINITY && k > 1), scratch(static_cast<size_t>((vocab + 7) & ~7)) {}
+
+  // Slots lo .. hi-1 from their hidden rows [hi - lo, h]: tokens[lo .. hi-1] = their argmax; returns
+  // how many of them are still trusted (a prefix; all of them without a cut).
+  int read(const float* hidden, int lo, int hi, int h, const float* panels, int vocab, int64_t* tokens) {
+    logits.resize(static_cast<size_t>(hi - lo) * vocab);
+    matmul_panels(hidden, hi - lo, h, panels, vocab, logits.data());
+    int trusted = 0;
+    for (int r = lo; r < hi; ++r) {
+      const float* row = logits.data() + static_cast<size_t>(r - lo) * vocab;
+      tokens[r] = argmax(row, vocab);
+      if (!cut) continue;
+      running += log_top_probability(row, vocab, scratch.data());
+      if (running >= log_floor && trusted == r - lo) ++trusted;
+    }
+    return cut ? trusted : hi - lo;
+  }
+};
+
 }  // namespace
 
 extern "C" {
@@ -699,26 +727,103 @@ int32_t dfl_greedy_verify(const float* hidden, int32_t rows, int32_t h, const fl
 // Returns the number kept.
 int32_t dfl_greedy_drafts(const float* hidden, int32_t k, int32_t h, const float* panels, int32_t vocab,
                           float log_floor, int32_t first, int64_t* tokens) {
-  const bool cut = log_floor > -INFINITY && k > 1;
-  std::vector<float> logits, scratch(static_cast<size_t>((vocab + 7) & ~7));
-  float running = 0.0f;
+  DraftCut state(log_floor, k, vocab);
   int lo = 0;
   while (lo < k) {
-    const int hi = !cut ? k : (lo ? k : (first < k ? first : k));
-    logits.resize(static_cast<size_t>(hi - lo) * vocab);
-    matmul_panels(hidden + static_cast<size_t>(lo) * h, hi - lo, h, panels, vocab, logits.data());
-    int trusted = 0;  // slots of this chunk whose running log-probability is still >= the floor (a prefix)
-    for (int r = lo; r < hi; ++r) {
-      const float* row = logits.data() + static_cast<size_t>(r - lo) * vocab;
-      tokens[r] = argmax(row, vocab);
-      if (!cut) continue;
-      running += log_top_probability(row, vocab, scratch.data());
-      if (running >= log_floor && trusted == r - lo) ++trusted;
-    }
-    if (cut && trusted < hi - lo) return lo + trusted > 1 ? lo + trusted : 1;
+    const int hi = !state.cut ? k : (lo ? k : (first < k ? first : k));
+    const int trusted = state.read(hidden + static_cast<size_t>(lo) * h, lo, hi, h, panels, vocab, tokens);
+    if (trusted < hi - lo) return lo + trusted > 1 ? lo + trusted : 1;
     lo = hi;
   }
   return k;
+}
+
+}  // extern "C"
+
+// ---- one sequence's whole draft step ---------------------------------------------------------------
+
+extern "C" {
+
+struct DflDraftStep {  // pointers stay owned by the Python side (cpu_layers.DraftStep keeps them alive)
+  const DflLayerWeights* const* layers;  // [n_layers] the drafter's decoder layers
+  int32_t n_layers;
+  const float* fc;           // panels of fc [H, fc_in]: target taps -> context features
+  int32_t fc_in;
+  const float* hidden_norm;  // [H] norm of the context features
+  float hidden_eps;
+  const float* final_norm;   // [H] the drafter's final norm
+  float final_eps;
+  const float* head;         // panels of the head [vocab, H] (the target lm_head or its draft-vocabulary rows)
+  int32_t vocab;
+  const int64_t* vocab_ids;  // [vocab] token of each head row, or null (row index = token)
+  int32_t first;             // slots the confidence cut reads before deciding on the rest
+};
+
+// DFlashDraft.draft_block for one sequence in one call: the context features of the n_ctx rows
+// committed since the last step (target_hidden [n_ctx, fc_in] -> fc -> norm), every layer over
+// [context ; block] (block [width, H]: the block's input rows, read only) with their K/V written at
+// positions start - n_ctx .. start + width - 1 of cache slot `slot` (layer i's cache at k_cache / v_cache
+// + i * layer_floats), then the head over slots 1 .. width-1 with the confidence cut. With a cut
+// and more than `first` slots the last layer outputs slots 1..first, and the rest only when all of
+// those are trusted (their K/V are written either way). cos / sin: RoPE rows of those positions.
+// drafts [width - 1] gets the kept drafts (tokens); *last_rows the block rows the last layer output.
+// Returns the number kept (>= 1), or -1 on bad sizes. The numbers are those of the separate calls
+// (fc, rms_norm, dfl_decoder_layer(_rows), dfl_greedy_drafts).
+int32_t dfl_draft_step(const DflDraftStep* s, const float* block, int32_t width, const float* target_hidden,
+                       int32_t n_ctx, const float* cos, const float* sin, float* k_cache, float* v_cache,
+                       int64_t layer_floats, int64_t slot, int64_t start, int32_t capacity, float log_floor,
+                       int64_t* drafts, int32_t* last_rows) {
+  if (s->n_layers < 1 || width < 2 || n_ctx < 0 || start - n_ctx < 0 || (n_ctx && !target_hidden)) return -1;
+  const DflLayerWeights* last = s->layers[s->n_layers - 1];
+  const int H = last->hidden, k = width - 1, first = s->first;
+  std::vector<float> x(block, block + static_cast<size_t>(width) * H), features(static_cast<size_t>(n_ctx) * H);
+  if (n_ctx) {
+    matmul_panels(target_hidden, n_ctx, s->fc_in, s->fc, H, features.data());
+    for (int r = 0; r < n_ctx; ++r) {
+      float* row = features.data() + static_cast<size_t>(r) * H;
+      rms_norm(row, s->hidden_norm, H, s->hidden_eps, row);
+    }
+  }
+  const int32_t count = n_ctx;
+  const int64_t first_position = start - n_ctx;
+  const float* ctx = n_ctx ? features.data() : nullptr;
+  const int32_t* counts = n_ctx ? &count : nullptr;
+  auto layer = [&](int i, int lo, int hi, bool write_kv) {
+    return dfl_decoder_layer_rows(s->layers[i], x.data(), 1, width, ctx, counts, cos, sin, k_cache + i * layer_floats,
+                                  v_cache + i * layer_floats, &slot, &first_position, capacity, 0, lo, hi,
+                                  write_kv ? 1 : 0);
+  };
+  for (int i = 0; i + 1 < s->n_layers; ++i)
+    if (layer(i, 0, width, true) != 0) return -1;
+
+  DraftCut state(log_floor, k, s->vocab);
+  const bool lazy = state.cut && k > first && (last->heads * last->head_dim) % 8 == 0;
+  const int head_first = state.cut && first < k ? first : k;  // slots of the first chunk
+  const int ln = s->n_layers - 1;
+  if (layer(ln, lazy ? 1 : 0, lazy ? 1 + first : width, true) != 0) return -1;
+  *last_rows = lazy ? first : width;
+  std::vector<float> normed(static_cast<size_t>(k) * H);
+  std::vector<int64_t> tokens(k);
+  auto read = [&](int lo, int hi) {  // final norm of slots lo..hi-1 (block rows lo+1..hi), then the head
+    for (int r = lo; r < hi; ++r)
+      rms_norm(x.data() + static_cast<size_t>(r + 1) * H, s->final_norm, H, s->final_eps,
+               normed.data() + static_cast<size_t>(r) * H);
+    return state.read(normed.data() + static_cast<size_t>(lo) * H, lo, hi, H, s->head, s->vocab, tokens.data());
+  };
+  int kept = k;
+  const int trusted = read(0, head_first);
+  if (trusted < head_first) {
+    kept = trusted > 1 ? trusted : 1;
+  } else if (head_first < k) {  // every slot read so far is trusted: the rest of the block too
+    if (lazy) {
+      if (layer(ln, 1 + first, width, false) != 0) return -1;
+      *last_rows = width - 1;
+    }
+    const int more = read(head_first, k);
+    kept = more < k - head_first ? (head_first + more > 1 ? head_first + more : 1) : k;
+  }
+  for (int r = 0; r < kept; ++r) drafts[r] = s->vocab_ids ? s->vocab_ids[tokens[r]] : tokens[r];
+  return kept;
 }
 
 }  // extern "C"
