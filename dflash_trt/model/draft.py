@@ -135,7 +135,7 @@ class DFlashDraft(nn.Module):
         now (append_context) and None returned."""
         if pending is None:
             return None
-        if slots is not None and torch.equal(pending[0], slots):
+        if slots is not None and (pending[0] is slots or torch.equal(pending[0], slots)):
             return pending[1:]
         rows, target_hidden, positions, valid = pending
         self.append_context(target_hidden, positions, cache, rows, valid)

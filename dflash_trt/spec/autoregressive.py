@@ -35,10 +35,13 @@ def autoregressive_generate(
         row.commit([token], on_commit)
 
     # 2) loop: feed the last token at its position, choose the next one at position + 1
+    active_ids = None
     while not all(row.done for row in rows):
-        active = torch.tensor([r.index for r in rows if not r.done], device=device)
+        if (ids := [r.index for r in rows if not r.done]) != active_ids:  # a row finished (or the first step)
+            active_ids, active = ids, torch.tensor(ids, device=device)
+            row_params = params.rows(active)
         logits, _ = target(last[active, None], position[active, None], cache, active)
-        chosen = sample_tokens(logits[:, 0], position[active] + 1, *params.rows(active))
+        chosen = sample_tokens(logits[:, 0], position[active] + 1, *row_params)
         cache.advance(active, 1)
         last[active], position[active] = chosen, position[active] + 1
         for index, token in zip(active.tolist(), chosen.tolist()):

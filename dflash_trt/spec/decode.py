@@ -71,8 +71,11 @@ def speculative_generate(
 
     t0 = time.perf_counter()
     pending = None  # last step's committed context: stored by this step's draft pass (see take_context)
+    active_ids = None
     while not all(row.done for row in rows):
-        active = torch.tensor([r.index for r in rows if not r.done], device=device)
+        if (ids := [r.index for r in rows if not r.done]) != active_ids:  # a row finished (or the first step)
+            active_ids, active = ids, torch.tensor(ids, device=device)
+            row_params = params.rows(active)
         context = draft.take_context(pending, draft_cache, active)
         step_width = min(width.width(), block_size) if width is not None else block_size
         offsets = torch.arange(step_width, device=device)[None, :]  # [1, W]
@@ -92,10 +95,10 @@ def speculative_generate(
         # 3) verify: the target runs the whole block once and picks its own token everywhere
         if device.type == "cpu":  # lm_head only as far as some row's drafts still match
             hidden, verify_hidden = target(block, block_positions, target_cache, active, taps, head=False)
-            chosen, accepted = verify_lazily(hidden, target.lm_head, drafts, block_start, *params.rows(active))
+            chosen, accepted = verify_lazily(hidden, target.lm_head, drafts, block_start, *row_params)
         else:
             logits, verify_hidden = target(block, block_positions, target_cache, active, taps)
-            chosen, accepted = verify_block(logits, drafts, block_start, *params.rows(active))
+            chosen, accepted = verify_block(logits, drafts, block_start, *row_params)
 
         # 4) accept the longest matching prefix plus the target's token after it (the new bonus)
         committed = accepted + 1  # [n]
