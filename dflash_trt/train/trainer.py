@@ -234,7 +234,11 @@ class TargetFeatures:
 
                 self.table = load_file(str(cache_file))["features"].to(self.device)
                 return
-            self.table = torch.cat([self._compute(tokens[i : i + chunk]) for i in range(0, len(tokens), chunk)])
+            for i in range(0, len(tokens), chunk):  # filled in place: no second copy of the table at its peak
+                part = self._compute(tokens[i : i + chunk])
+                if self.table is None:
+                    self.table = torch.empty(len(tokens), *part.shape[1:], dtype=part.dtype, device=part.device)
+                self.table[i : i + len(part)] = part
             if cache_file is not None:
                 from safetensors.torch import save_file
 
