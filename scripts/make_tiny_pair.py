@@ -32,11 +32,17 @@ weights live in DRAM, as a real LLM's do, so verify rows ride along with one wei
     # likewise, draft/ moved to draft_c2500
     python scripts/make_tiny_pair.py --work out/tiny_pair_v6 --stage draft --draft-layers 2 --draft-samples 6144 \
         --draft-steps 2000 --draft-init out/tiny_pair_v6/draft_c2500 --draft-lr 5e-4 --threads 2
-    python scripts/make_tiny_pair.py --work out/tiny_pair_v6 --stage prompts   # then measure, install
+    # likewise, draft/ moved to draft_c2000; then a fresh --work (target/ copied) and twice the data: the
+    # prompt stream is seeded, so its first 6144 samples are the ones above (their regenerated samples.jsonl,
+    # extended, can seed out/tiny_pair_v7/draft.train-state/ to save ~20 min)
+    python scripts/make_tiny_pair.py --work out/tiny_pair_v7 --stage draft --draft-layers 2 --draft-samples 12288 \
+        --draft-steps 2500 --draft-init out/tiny_pair_v6/draft_c2000 --draft-lr 5e-4 --threads 2
+    python scripts/make_tiny_pair.py --work out/tiny_pair_v7 --stage prompts   # then measure, install
 
-Time on the 2-core CPU dev machine: ~1 h (12-layer target) + ~51 min (24-layer) + ~84, ~63 and ~51 min
-(the drafter's three runs, regeneration and target features included); each stage's seconds are in
-make_log.json, the runs' settings and results in the model cards.
+Time on the 2-core CPU dev machine: ~1 h (12-layer target) + ~51 min (24-layer) + ~84, ~63, ~51 and ~79 min
+(the drafter's four runs, regeneration and target features included; regenerating 6144 samples takes
+~21 min, the 24-layer target's features ~15 min per 6144); each stage's seconds are in make_log.json,
+the runs' settings and results in the model cards.
 """
 
 from __future__ import annotations
@@ -393,11 +399,12 @@ Not a useful language model: a small, fast, real target whose greedy continuatio
 """)
     continued, history = "", log.get("draft_history", []) if d.get("init") else []
     if history:
-        made = "; ".join(f"{r.get('layers', '?')} layer(s), {r['steps']} steps, lr {r.get('lr', '?')}, {r['seconds']:.0f} s"
+        made = "; ".join(f"{r.get('layers', '?')} layer(s), {r['steps']} steps, lr {r.get('lr', '?')}, "
+                         f"{r.get('samples', '?')} samples, {r['seconds']:.0f} s"
                          for r in history if {"steps", "seconds"} <= r.keys())
         grew = (f", grown to {d['layers']} layers (new layers start as the identity)"
                 if history[-1].get("layers") and history[-1]["layers"] != d.get("layers") else "")
-        continued = (f" (lr {d.get('lr', '?')}), continuing earlier runs on the same data ({made}){grew} "
+        continued = (f" (lr {d.get('lr', '?')}), continuing earlier runs ({made}){grew} "
                      f"(`--draft-init`; every run in make_log.json)")
     runs = [r.get("command") for r in [*history, d] if r.get("command")]
     reproduce_draft = ", then (the previous run's `draft/` moved to the `--draft-init` path) ".join(f"`{c}`" for c in runs)
@@ -409,7 +416,7 @@ A DFlash drafter (z-lab format: `DFlashDraftModel`, `dflash_config`) for tiny-qw
 
 - {d.get('layers', '?')} draft layer(s), block_size 16, target_layer_ids and mask_token_id in config.json
 - data: {d.get('samples', '?')} prompts of 64 tokens cut from the training files, continued greedily by the target
-  (192 new tokens each)
+  (192 new tokens each); the prompts are one seeded stream, so a run on more samples starts with an earlier run's
 - training: {d['steps']} steps, final loss {d['final_loss']:.3f}, {d['seconds']:.0f} s{continued}; settings in
   `dflash_trt_train.json`
 - reproduce: {reproduce_draft}

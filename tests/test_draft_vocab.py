@@ -152,7 +152,7 @@ def test_the_shipped_drafter_has_a_vocabulary_that_keeps_acceptance():
     requests = [Request(tuple(p), stop=StopCriteria(64)) for p in load_prompts(None, None, 4)]
     full = speculative_generate(pair.target, pair.draft, requests, 16)
     apply_draft_vocab(pair, "auto")
-    assert 64 <= pair.draft.vocab_size < 1200
+    assert 64 <= pair.draft.vocab_size < 4096 // 2  # under half of the head's rows read per draft step
     cut = speculative_generate(pair.target, pair.draft, requests, 16)
     assert [c.tokens for c in cut] == [f.tokens for f in full]
     steps = lambda rs: sum(len(r.acceptance_lengths) for r in rs)
