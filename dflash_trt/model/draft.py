@@ -243,20 +243,31 @@ class DFlashDraft(nn.Module):
         out = None if projected is None else cpu_layers.rms_norm(projected, norm.weight, norm.eps)
         return out if out is not None else self.context_features(target_hidden).contiguous()
 
+    @staticmethod
+    def _one_sequence_context(context, start: int) -> tuple[int, torch.Tensor | None] | None:
+        """(n, target_hidden [n, n_taps*H] or None) of one sequence's new context, which must be the run
+        of positions right before its block at `start`; None otherwise. (Positions are read once as a
+        Python list: each tensor element read is ~5 µs in a decode loop.)"""
+        if context is None:
+            return 0, None
+        hidden, ctx_positions, ctx_valid = context
+        n = hidden.shape[1] if ctx_valid is None else int(ctx_valid.sum())  # one row: a prefix is valid
+        if not n:
+            return 0, None
+        ctx = ctx_positions[0, :n].tolist()
+        if ctx[0] + n != start or ctx[-1] != start - 1:
+            return None
+        return n, hidden[0, :n]
+
     def _one_sequence_args(self, x, context, block_positions, cache: KVCache, slots) -> tuple | None:
         """`run_layers` arguments (x ... sin, x a copy) for one sequence whose context is the run of
         positions right before its block; None otherwise."""
         start, width = int(block_positions[0, 0]), x.shape[1]
-        features, counts, n = None, None, 0
-        if context is not None:
-            hidden, ctx_positions, ctx_valid = context
-            n = hidden.shape[1] if ctx_valid is None else int(ctx_valid.sum())  # one row: a prefix is valid
-            if n:
-                first = int(ctx_positions[0, 0])
-                if first + n != start or int(ctx_positions[0, n - 1]) != start - 1:
-                    return None
-                features = self._context_features_cpu(hidden[0, :n])
-                counts = torch.tensor([n], dtype=torch.int32)
+        if (new := self._one_sequence_context(context, start)) is None:
+            return None
+        n, target_hidden = new
+        features = None if target_hidden is None else self._context_features_cpu(target_hidden)
+        counts = None if target_hidden is None else torch.tensor([n], dtype=torch.int32)
         x = x.reshape(width, -1).clone()  # updated in place
         cos, sin = self.rotary.rows(start - n, n + width, x.dtype)
         return x, features, counts, cache, slots.to(torch.int64).contiguous(), torch.tensor([start - n]), cos, sin
@@ -332,8 +343,7 @@ class DFlashDraft(nn.Module):
     def _one_call_drafts(self, noise_embedding, block_positions, cache: KVCache, slots, context, lm_head,
                          min_confidence: float) -> torch.Tensor | None:
         """`draft_block` for one sequence through `cpu_layers.DraftStep`, or None where it does not
-        apply: its context must be the run of positions right before its block. (Positions are read
-        once as Python lists: each tensor element read is ~5 µs in a decode loop.)"""
+        apply: its context must be the run of positions right before its block."""
         b, q = block_positions.shape
         if not (b == 1 and self.full_attention and self.config.output_multiplier == 1.0
                 and not self.config.final_logit_softcapping and cpu_layers.eligible(block_positions, cache)):
@@ -345,15 +355,12 @@ class DFlashDraft(nn.Module):
                                                                    head, ids, CONFIDENCE_FIRST)
         if step is None:
             return None
-        start, n, target_hidden = int(block_positions[0, 0]), 0, None
-        if context is not None:
-            hidden, ctx_positions, ctx_valid = context
-            n = hidden.shape[1] if ctx_valid is None else int(ctx_valid.sum())  # one row: a prefix is valid
-            if n:
-                ctx = ctx_positions[0, :n].tolist()
-                if ctx[0] + n != start or ctx[-1] != start - 1:
-                    return None
-                target_hidden = hidden[0, :n].to(self.fc.weight.dtype).contiguous()
+        start = int(block_positions[0, 0])
+        if (new := self._one_sequence_context(context, start)) is None:
+            return None
+        n, target_hidden = new
+        if target_hidden is not None:
+            target_hidden = target_hidden.to(self.fc.weight.dtype).contiguous()
         x = self._block_input(noise_embedding).reshape(q, -1).contiguous()
         cos, sin = self.rotary.rows(start - n, n + q, x.dtype)
         return step(x, target_hidden, cos, sin, cache, int(slots[0]), start, min_confidence)[None]
