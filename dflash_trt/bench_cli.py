@@ -24,7 +24,7 @@ from dflash_trt.cli_types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, INT_LIST
 @click.option("--device", default="cpu", show_default=True, help="Local mode.")
 @click.option("--threads", type=click.IntRange(min=1), help="Local mode: CPU intra-op threads (DFLASH_TRT_CPU_THREADS).")
 @click.option("--adaptive-cost", type=click.FloatRange(min=0), help="Local mode: pick verify widths from measured "
-              "acceptance, a step costing this many verified tokens (~28 on a 2-core CPU; see spec/width.py).")
+              "acceptance, a step costing this many verified tokens (~28 on a 2-core CPU; see decoding/width.py).")
 @click.option("--draft-confidence", type=click.FloatRange(min=0, max=1, max_open=True),
               help="Local mode: verify only the drafts whose running draft probability is >= this "
                    "(runtime.draft_confidence; 0 = full blocks). Default: 0.1 on CPU (extra verified rows "

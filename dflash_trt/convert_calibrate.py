@@ -31,8 +31,8 @@ from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.model.layers import Rotary
 from dflash_trt.model.target import Target
 from dflash_trt.quant.numerics import tensor_amax
-from dflash_trt.spec.decode import speculative_generate
-from dflash_trt.spec.requests import Request, StopCriteria
+from dflash_trt.decoding.decode import speculative_generate
+from dflash_trt.decoding.requests import Request, StopCriteria
 
 CALIBRATORS = ("auto", "builtin", "modelopt")
 BATCH = 8

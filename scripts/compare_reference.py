@@ -20,7 +20,7 @@ def main() -> None:
     from dflash_trt.bench.reference import compare_with_reference
     from dflash_trt.engine.config import resolve_model_path
     from dflash_trt.runtime.local import load_pair
-    from dflash_trt.spec.width import AdaptiveWidth
+    from dflash_trt.decoding.width import AdaptiveWidth
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="builtin:tiny-qwen3")
@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--adaptive-cost", type=float, help="ours picks verify widths (spec/width.py); tokens stay identical")
+    ap.add_argument("--adaptive-cost", type=float, help="ours picks verify widths (decoding/width.py); tokens stay identical")
     ap.add_argument("--draft-confidence", type=float, default=0.0,
                     help="ours verifies only the drafts the drafter trusts this much (0 = full blocks)")
     args = ap.parse_args()

@@ -34,7 +34,7 @@ from dflash_trt.convert import ConvertConfig, convert  # noqa: E402
 from dflash_trt.convert_calibrate import load_prompts, random_prompts  # noqa: E402
 from dflash_trt.runtime.local import generate  # noqa: E402
 from dflash_trt.runtime.tp import load_trtllm_pair  # noqa: E402
-from dflash_trt.spec.requests import Request, StopCriteria  # noqa: E402
+from dflash_trt.decoding.requests import Request, StopCriteria  # noqa: E402
 from dflash_trt.tokenizer import has_tokenizer, load_tokenizer  # noqa: E402
 
 RECIPES = {  # name -> convert options (all stored in bf16 where not quantized)

@@ -9,8 +9,8 @@ from test_lossless import _requests
 
 from dflash_trt.model.draft import confident_drafts
 from dflash_trt.runtime.service import DFlashService, ServiceLimits
-from dflash_trt.spec.autoregressive import autoregressive_generate
-from dflash_trt.spec.decode import speculative_generate
+from dflash_trt.decoding.autoregressive import autoregressive_generate
+from dflash_trt.decoding.decode import speculative_generate
 
 
 def _reference_width(logits: torch.Tensor, min_confidence: float) -> int:
@@ -92,8 +92,8 @@ def shipped_pair():
 def test_service_with_confidence_cut_on_the_shipped_pair(shipped_pair):
     """The trained drafter's cut narrows most steps, keeps most acceptance, and is lossless in a batch."""
     from dflash_trt.bench.local import load_prompts
-    from dflash_trt.spec.requests import Request, StopCriteria
-    from dflash_trt.spec.sampling import SamplingParams
+    from dflash_trt.decoding.requests import Request, StopCriteria
+    from dflash_trt.decoding.sampling import SamplingParams
 
     prompts = load_prompts(None, None, 4)
     requests = [Request(tuple(p), SamplingParams(t, seed=5), StopCriteria(64)) for p, t in zip(prompts, (0, 0, 0.7, 0))]

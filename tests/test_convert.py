@@ -15,7 +15,7 @@ from dflash_trt.cli import cli
 from dflash_trt.convert import CONFIG_FILE, ConvertConfig, convert
 from dflash_trt.runtime.local import generate, load_pair
 from dflash_trt.runtime.tp import load_trtllm_pair
-from dflash_trt.spec.requests import Request, StopCriteria
+from dflash_trt.decoding.requests import Request, StopCriteria
 from tiny_models import make_draft, make_target
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

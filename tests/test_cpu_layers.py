@@ -362,7 +362,7 @@ def _python_path(fn):
 def test_greedy_heads_equal_the_torch_rules(seed):
     """verify_lazily (temperature 0) and confident_drafts for one sequence, C++ vs torch."""
     from dflash_trt.model.draft import confident_drafts
-    from dflash_trt.spec.verify import verify_lazily
+    from dflash_trt.decoding.verify import verify_lazily
 
     g = torch.Generator().manual_seed(seed)
     hidden_size, vocab, width = 24, 50 + seed, 2 + seed % 15
@@ -450,9 +450,9 @@ def test_inference_tensor_heads_work():
 def test_a_decode_checks_its_layer_plans_once(loaded_tiny_pair, monkeypatch):
     """Inside a decode loop (`fixed_weights`) the plans are validated on the first pass only; outside it,
     every pass checks them (so weights replaced between calls are still picked up)."""
-    from dflash_trt.spec.autoregressive import autoregressive_generate
-    from dflash_trt.spec.decode import speculative_generate
-    from dflash_trt.spec.requests import Request, StopCriteria
+    from dflash_trt.decoding.autoregressive import autoregressive_generate
+    from dflash_trt.decoding.decode import speculative_generate
+    from dflash_trt.decoding.requests import Request, StopCriteria
 
     pair = loaded_tiny_pair
     seen = []

@@ -5,9 +5,9 @@ import time
 import pytest
 import torch
 
-from dflash_trt.spec.autoregressive import autoregressive_generate
-from dflash_trt.spec.decode import speculative_generate
-from dflash_trt.spec.requests import Request, StopCriteria
+from dflash_trt.decoding.autoregressive import autoregressive_generate
+from dflash_trt.decoding.decode import speculative_generate
+from dflash_trt.decoding.requests import Request, StopCriteria
 from scripted import ScriptedDraft, script_oracle
 
 dflash_model = pytest.importorskip("dflash.model")

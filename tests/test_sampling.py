@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from dflash_trt.spec.sampling import (
+from dflash_trt.decoding.sampling import (
     SamplingParams, counter_hash, gumbel, log_f32, sample_tokens, seed_as_int64, survivors,
 )
 

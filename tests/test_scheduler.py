@@ -6,9 +6,9 @@ import time
 import pytest
 
 from dflash_trt.runtime.service import DFlashService, ServiceLimits
-from dflash_trt.spec.autoregressive import autoregressive_generate
-from dflash_trt.spec.requests import Request, StopCriteria
-from dflash_trt.spec.sampling import SamplingParams
+from dflash_trt.decoding.autoregressive import autoregressive_generate
+from dflash_trt.decoding.requests import Request, StopCriteria
+from dflash_trt.decoding.sampling import SamplingParams
 from test_lossless import _requests
 
 

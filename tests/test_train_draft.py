@@ -147,8 +147,8 @@ def test_chain_simulated_tau_equals_decoding_the_same_prompts():
     from dflash_trt.bench.local import load_prompts
     from dflash_trt.engine.config import ASSETS
     from dflash_trt.runtime.local import load_pair
-    from dflash_trt.spec.decode import speculative_generate
-    from dflash_trt.spec.requests import Request, StopCriteria
+    from dflash_trt.decoding.decode import speculative_generate
+    from dflash_trt.decoding.requests import Request, StopCriteria
     from dflash_trt.train.blocks import chain_acceptance_length
     from dflash_trt.train.data import Sample, pack
     from dflash_trt.train.trainer import TargetFeatures

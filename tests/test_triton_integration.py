@@ -18,7 +18,7 @@ import pytest
 from dflash_trt.engine.build import build_bundle
 from dflash_trt.engine.config import load_build_config
 from dflash_trt.errors import RequestError
-from dflash_trt.spec.autoregressive import autoregressive_generate
+from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.triton.client import grpc_generate, http_generate, request_inputs
 from dflash_trt.triton.protocol import parse_request
 from dflash_trt.triton.repository import publish

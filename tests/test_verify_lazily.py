@@ -4,7 +4,7 @@ tokens that matter and the acceptance counts of `verify_block` over the full log
 import pytest
 import torch
 
-from dflash_trt.spec.verify import verify_block, verify_lazily
+from dflash_trt.decoding.verify import verify_block, verify_lazily
 
 
 def _case(seed: int, batch: int, width: int, temperature: float):

@@ -1,9 +1,9 @@
 """Adaptive verify width: picks the best expected throughput and never changes the tokens."""
 
 from dflash_trt.runtime.service import DFlashService, ServiceLimits
-from dflash_trt.spec.autoregressive import autoregressive_generate
-from dflash_trt.spec.decode import speculative_generate
-from dflash_trt.spec.width import AdaptiveWidth
+from dflash_trt.decoding.autoregressive import autoregressive_generate
+from dflash_trt.decoding.decode import speculative_generate
+from dflash_trt.decoding.width import AdaptiveWidth
 from scripted import ScriptedDraft
 from test_lossless import _requests
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.spec.autoregressive import autoregressive_generate
-from dflash_trt.spec.decode import speculative_generate
-from dflash_trt.spec.requests import Request, StopCriteria
-from dflash_trt.spec.sampling import SamplingParams
-from dflash_trt.spec.width import AdaptiveWidth
+from dflash_trt.decoding.autoregressive import autoregressive_generate
+from dflash_trt.decoding.decode import speculative_generate
+from dflash_trt.decoding.requests import Request, StopCriteria
+from dflash_trt.decoding.sampling import SamplingParams
+from dflash_trt.decoding.width import AdaptiveWidth
 
 
 @dataclass

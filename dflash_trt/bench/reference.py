@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from dflash_trt.errors import MissingDependencyError
-from dflash_trt.spec.decode import speculative_generate
-from dflash_trt.spec.requests import Request, StopCriteria
+from dflash_trt.decoding.decode import speculative_generate
+from dflash_trt.decoding.requests import Request, StopCriteria
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dflash_trt.bench.local import bench_block_size, load_prompts, warm_up
 from dflash_trt.bench.served import scaling, sweep
 from dflash_trt.engine.config import resolve_model_path
 from dflash_trt.runtime.local import apply_draft_vocab, load_pair
-from dflash_trt.spec.sampling import SamplingParams
+from dflash_trt.decoding.sampling import SamplingParams
 from dflash_trt.tokenizer import stop_token_ids
 
 SCHEMA_VERSION = 1
@@ -73,7 +73,7 @@ def _compare_reference(pair, prompts, block_sizes, max_new_tokens, adaptive_cost
     from rich.progress import Progress
 
     from dflash_trt.bench.reference import compare_with_reference
-    from dflash_trt.spec.width import AdaptiveWidth
+    from dflash_trt.decoding.width import AdaptiveWidth
 
     comparisons = []
     with Progress(transient=True) as progress:

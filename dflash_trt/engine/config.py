@@ -40,7 +40,7 @@ class RuntimeConfig:
     # (busy steps are compute-bound; lossless at any width); block 1 = plain autoregressive steps,
     # no draft pass. Empty: always the bundle's block size.
     block_size_schedule: dict = field(default_factory=dict)
-    # Adaptive verify width (spec/width.py): a step's fixed cost in units of one verified token.
+    # Adaptive verify width (decoding/width.py): a step's fixed cost in units of one verified token.
     # ~28 on a 2-core CPU, hundreds on GPUs (= always the full block). null: fixed widths.
     adaptive_width_cost: float | None = None
     # Confidence cut (model/draft.py `confident_drafts`): verify only the drafts whose running product

@@ -12,9 +12,9 @@ import re
 from pathlib import Path
 
 from dflash_trt.errors import ConfigError
-from dflash_trt.spec.autoregressive import autoregressive_generate
-from dflash_trt.spec.decode import speculative_generate
-from dflash_trt.spec.requests import Request, StopCriteria
+from dflash_trt.decoding.autoregressive import autoregressive_generate
+from dflash_trt.decoding.decode import speculative_generate
+from dflash_trt.decoding.requests import Request, StopCriteria
 
 HELDOUT = Path(__file__).resolve().parent.parent / "assets" / "heldout_prompts.jsonl"
 

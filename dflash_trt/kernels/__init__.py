@@ -1,6 +1,6 @@
 """CUDA kernels of dflash-trt and the switch that picks them or their torch reference.
 
-`verify_block` is the drop-in for `dflash_trt.spec.verify.verify_block`: on CUDA tensors it runs
+`verify_block` is the drop-in for `dflash_trt.decoding.verify.verify_block`: on CUDA tensors it runs
 the DFlash verification plugin's kernel (plugins/dflash_verify) when its torch op is built and
 loaded, and the torch reference otherwise. `kernel_available()` says which; tests force a body
 with ``DFLASH_TRT_VERIFY_IMPL`` or `dflash_trt.kernels.verify.use_impl`. Importing this package

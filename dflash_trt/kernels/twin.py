@@ -7,7 +7,7 @@
   CUDA thread of a block a fiber, checking the CUDA layer (loads, shuffles, histograms) too.
 
 Both are plain `g++ -shared` libraries (see host_build.py) loaded with ctypes. Inputs are CPU
-tensors with the shapes and dtypes of `dflash_trt.spec.verify.verify_block`.
+tensors with the shapes and dtypes of `dflash_trt.decoding.verify.verify_block`.
 """
 
 from __future__ import annotations
@@ -105,13 +105,13 @@ def emulated_verify_block_next(logits, drafts, start, temperature, top_k, top_p,
 
 
 def verify_block(logits, drafts, start, temperature, top_k, top_p, seed):
-    """Same signature and results as `dflash_trt.spec.verify.verify_block`: (tokens, accepted)."""
+    """Same signature and results as `dflash_trt.decoding.verify.verify_block`: (tokens, accepted)."""
     tokens, accepted, _ = verify_block_next(logits, drafts, start, temperature, top_k, top_p, seed)
     return tokens, accepted
 
 
 def sample_tokens(logits, positions, temperature, top_k, top_p, seed) -> torch.Tensor:
-    """Twin of `dflash_trt.spec.sampling.sample_tokens`: logits [N, V] -> tokens [N] int64."""
+    """Twin of `dflash_trt.decoding.sampling.sample_tokens`: logits [N, V] -> tokens [N] int64."""
     assert logits.dim() == 2 and logits.dtype in DTYPES
     n, vocab = logits.shape
     logits = _prep(logits, logits.dtype)

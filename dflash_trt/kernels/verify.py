@@ -1,10 +1,10 @@
 """The one switch for verification: the CUDA kernel where it can run, the torch reference elsewhere.
 
-`verify_block` has the signature and results of `dflash_trt.spec.verify.verify_block`
+`verify_block` has the signature and results of `dflash_trt.decoding.verify.verify_block`
 (tokens [B, K+1], accepted [B]); `verify_block_next` also returns the next block's ids
 [B, K+1] = [bonus token t_a, mask_token_id x K]. Which body runs:
 
-- ``reference``: the torch reference in `dflash_trt.spec` (any device).
+- ``reference``: the torch reference in `dflash_trt.decoding` (any device).
 - ``kernel``: the CUDA op ``torch.ops.dflash_verify.verify_block`` (CUDA tensors; built by
   scripts/gpu_check.sh or ``python -m dflash_trt.kernels.build_op``); an error if unavailable.
 - ``twin``: the kernels' C++ row code compiled for the host (CPU tensors; tests and debugging).
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from dflash_trt.errors import ConfigError, MissingDependencyError
-from dflash_trt.spec import verify as reference
+from dflash_trt.decoding import verify as reference
 
 IMPLS = ("auto", "reference", "kernel", "twin")
 ENV_IMPL = "DFLASH_TRT_VERIFY_IMPL"
@@ -155,7 +155,7 @@ def verify_block(
     top_p: torch.Tensor,  # [B] fp32
     seed: torch.Tensor,  # [B] int64
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drop-in for `dflash_trt.spec.verify.verify_block`: tokens [B, K+1] and accepted [B]."""
+    """Drop-in for `dflash_trt.decoding.verify.verify_block`: tokens [B, K+1] and accepted [B]."""
     if resolve_impl(logits) == "reference":  # skip the next-block work the caller does not need
         return reference.verify_block(logits, drafts, start, temperature, top_k, top_p, seed)
     tokens, accepted, _ = verify_block_next(logits, drafts, start, temperature, top_k, top_p, seed)

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import torch
 
 from dflash_trt.runtime.runner import DraftRunner, TargetRunner
-from dflash_trt.spec.requests import Detokenize, GenerationResult, Request, Row
-from dflash_trt.spec.sampling import params_tensors
-from dflash_trt.spec.width import AdaptiveWidth
+from dflash_trt.decoding.requests import Detokenize, GenerationResult, Request, Row
+from dflash_trt.decoding.sampling import params_tensors
+from dflash_trt.decoding.width import AdaptiveWidth
 
 
 @dataclass

@@ -8,7 +8,7 @@ math equals the unsharded model:
     lm_head               column-parallel over the padded vocab: local logits, all_gather, cut to vocab
     embeddings, norms, fc, hidden_norm    replicated
 Every rank then holds the same residual stream, taps and logits, runs the unchanged decode loop
-(`spec/`) and makes the same decisions. Backend: gloo on CPU, nccl on CUDA.
+(`decoding/`) and makes the same decisions. Backend: gloo on CPU, nccl on CUDA.
 
 Quantized checkpoints are dequantized to fp32 (then cast to the compute dtype). `simulate=True`
 also fake-quantizes every linear input with the checkpoint's activation scale (W8A8 FP8 / W4A4
@@ -39,7 +39,7 @@ from dflash_trt.model.target import Target
 from dflash_trt.quant.modes import handler_for_algo
 from dflash_trt.quant.numerics import fp8_round_trip
 from dflash_trt.runtime.local import LoadedPair, generate, resolve_device, resolve_dtype
-from dflash_trt.spec.requests import GenerationResult, Request
+from dflash_trt.decoding.requests import GenerationResult, Request
 from dflash_trt.tokenizer import has_tokenizer, load_tokenizer
 
 

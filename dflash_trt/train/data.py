@@ -75,9 +75,9 @@ def _jsonl_samples(path: Path, tokenizer) -> list[Sample]:
 def regenerate(target, samples: list[Sample], prompt_tokens: int, new_tokens: int, temperature: float,
                seed: int, batch_size: int = 32, stop_ids=frozenset(), progress=None) -> list[Sample]:
     """Replace each sample's continuation by the target's own decoding of its prompt."""
-    from dflash_trt.spec.autoregressive import autoregressive_generate
-    from dflash_trt.spec.requests import Request, StopCriteria
-    from dflash_trt.spec.sampling import SamplingParams
+    from dflash_trt.decoding.autoregressive import autoregressive_generate
+    from dflash_trt.decoding.requests import Request, StopCriteria
+    from dflash_trt.decoding.sampling import SamplingParams
 
     out = []
     for start in range(0, len(samples), batch_size):

@@ -6,7 +6,7 @@ tail could still grow into a stop string; at the end the text is cut before the 
 
 from __future__ import annotations
 
-from dflash_trt.spec.requests import cut_at_stop_string
+from dflash_trt.decoding.requests import cut_at_stop_string
 
 
 class TextStream:

@@ -11,7 +11,7 @@
 //       mask_token_id=0)
 //   -> tokens [B, K+1] int64, accepted [B] int64, next_block_ids [B, K+1] int64
 //
-// Same results, bit for bit, as dflash_trt.spec.verify.verify_block (see docs/verify-plugin.md).
+// Same results, bit for bit, as dflash_trt.decoding.verify.verify_block (see docs/verify-plugin.md).
 // Built by CMake (target dflash_verify_torch) or dflash_trt/kernels/build_op.py, loaded with
 // torch.ops.load_library. Only CUDA (and Meta, for shape inference) implementations exist; CPU
 // tensors go to the torch reference in dflash_trt.kernels.verify.

@@ -1,6 +1,6 @@
 // The sampling rule's scalar pieces, bit-exact on the GPU and on the host (the CPU twin).
 //
-// Mirrors dflash_trt/spec/sampling.py, which is the source of truth:
+// Mirrors dflash_trt/decoding/sampling.py, which is the source of truth:
 //   - canonical logits: NaN -> -inf, -inf stays, +inf stays (the reference's
 //     `nan_to_num(nan=-inf, posinf=inf, neginf=-inf)`; see dfv_canonical_logit);
 //   - the counter hash (lowbias32 `mix32`, chained over seed_lo, seed_hi, position, vocab id);

@@ -2,7 +2,7 @@
 // TensorRT plugin, plus the parts of verification that are not per-vocabulary work:
 // per-row sampling params, the acceptance count and the next block.
 //
-// Semantics (dflash_trt/spec/verify.py): the target ran the block [bonus, d_1 .. d_K] at
+// Semantics (dflash_trt/decoding/verify.py): the target ran the block [bonus, d_1 .. d_K] at
 // positions start .. start+K; logits row i chooses the token t_i at absolute position
 // start + i + 1 by the sampling rule. accepted a = number of leading i < K with d_{i+1} == t_i.
 // next_block_ids = [t_a, mask_token_id x K]: the bonus token opens the next draft block.

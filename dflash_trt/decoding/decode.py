@@ -2,7 +2,7 @@
 
 Each row has its own prompt length, sampling params, seed and acceptance. Per step, every active
 row drafts one block in ONE draft pass and verifies it in ONE target pass; rows that stop drop
-out of the batch. See `dflash_trt.spec` for the terms and the lossless contract.
+out of the batch. See `dflash_trt.decoding` for the terms and the lossless contract.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import torch
 from dflash_trt.model import cpu_layers
 from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.model.target import Target
-from dflash_trt.spec.batch import BatchParams, cache_capacity, prefill
-from dflash_trt.spec.requests import Detokenize, GenerationResult, OnCommit, Request, Row
-from dflash_trt.spec.verify import verify_block, verify_lazily
-from dflash_trt.spec.width import AdaptiveWidth
+from dflash_trt.decoding.batch import BatchParams, cache_capacity, prefill
+from dflash_trt.decoding.requests import Detokenize, GenerationResult, OnCommit, Request, Row
+from dflash_trt.decoding.verify import verify_block, verify_lazily
+from dflash_trt.decoding.width import AdaptiveWidth
 
 
 @dataclass
@@ -43,7 +43,7 @@ def speculative_generate(
 ) -> list[GenerationResult]:
     """DFlash-decode a batch of requests; one result per request (tokens == AR decoding).
 
-    `width` (optional) picks each step's verify width from measured acceptance (spec/width.py);
+    `width` (optional) picks each step's verify width from measured acceptance (decoding/width.py);
     `min_confidence` > 0 verifies only the drafts the drafter trusts (`DFlashDraft.propose`).
     """
     block_size = block_size or draft.config.block_size

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from dflash_trt.spec.requests import GenerationResult
+from dflash_trt.decoding.requests import GenerationResult
 
 
 @dataclass

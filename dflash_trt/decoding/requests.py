@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dflash_trt.spec.sampling import SamplingParams
+from dflash_trt.decoding.sampling import SamplingParams
 
 Detokenize = Callable[[list[int]], str]
 OnCommit = Callable[[int, list[int]], None]  # (row index, newly committed tokens)
