@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from dflash_trt.cli_types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, INT_LIST
+from dflash_trt.cli.types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, INT_LIST
 
 
 @click.command("bench", short_help="Benchmark DFlash against autoregressive decoding (local or served).")

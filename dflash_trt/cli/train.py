@@ -6,7 +6,7 @@ import json
 
 import click
 
-from dflash_trt.cli_types import INT_LIST
+from dflash_trt.cli.types import INT_LIST
 
 
 @click.command("train-draft", short_help="Train a DFlash drafter for a HF target (CPU or CUDA).")

@@ -1,0 +1,32 @@
+"""`dflash-trt serve`: run tritonserver on a model repository until Ctrl-C (thin command)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("serve", short_help="Run tritonserver on a repository until Ctrl-C.")
+@click.argument("repository", type=click.Path(exists=True, file_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (all three endpoints).")
+@click.option("--http-port", type=int, default=8000, show_default=True)
+@click.option("--grpc-port", type=int, default=8001, show_default=True)
+@click.option("--metrics-port", type=int, default=8002, show_default=True)
+@click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Server log file (default: inherit).")
+def serve_command(repository, host, http_port, grpc_port, metrics_port, log_path):
+    """Start tritonserver (system install or the nvidia-pytriton binary), wait until ready, stop on Ctrl-C."""
+    import signal
+    import threading
+
+    from dflash_trt.triton.server import Ports, TritonServer
+
+    server = TritonServer(repository, host, Ports(http_port, grpc_port, metrics_port), log_path)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    with server:
+        click.echo(f"ready: grpc {server.grpc_url}  http {server.url}  metrics {host}:{metrics_port}  (Ctrl-C stops)")
+        try:
+            while not stopped.wait(0.5) and server.process.poll() is None:
+                pass
+        except KeyboardInterrupt:
+            pass
+        click.echo("stopping tritonserver")
