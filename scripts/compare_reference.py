@@ -18,9 +18,9 @@ import torch
 def main() -> None:
     from dflash_trt.bench.local import load_prompts
     from dflash_trt.bench.reference import compare_with_reference
+    from dflash_trt.decoding.width import AdaptiveWidth
     from dflash_trt.engine.config import resolve_model_path
     from dflash_trt.runtime.local import load_pair
-    from dflash_trt.decoding.width import AdaptiveWidth
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="builtin:tiny-qwen3")

@@ -335,8 +335,8 @@ def main() -> None:
 def measure(work: Path, prompts: int = 32, new_tokens: int = 128) -> dict:
     """τ at block 8 and 16 and the DFlash / AR speed ratio on held-out prompts (greedy, batch 1)."""
     from dflash_trt.bench.local import bench_block_size, load_prompts, warm_up
-    from dflash_trt.runtime.local import default_draft_confidence, load_pair
     from dflash_trt.decoding.sampling import SamplingParams
+    from dflash_trt.runtime.local import default_draft_confidence, load_pair
     from dflash_trt.tokenizer import stop_token_ids
 
     pair = load_pair(work / "target", work / "draft", "fp32", "cpu")

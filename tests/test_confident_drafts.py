@@ -7,10 +7,10 @@ import torch
 from scripted import ScriptedDraft
 from test_lossless import _requests
 
-from dflash_trt.model.draft import confident_drafts
-from dflash_trt.runtime.service import DFlashService, ServiceLimits
 from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.decoding.decode import speculative_generate
+from dflash_trt.model.draft import confident_drafts
+from dflash_trt.runtime.service import DFlashService, ServiceLimits
 
 
 def _reference_width(logits: torch.Tensor, min_confidence: float) -> int:

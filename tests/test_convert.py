@@ -7,16 +7,16 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
+from tiny_models import make_draft, make_target
 
 from dflash_trt.checkpoint.hf import read_draft, read_target
 from dflash_trt.checkpoint.trtllm import load_rank, read_trtllm
 from dflash_trt.checkpoint.trtllm_config import read_trtllm_config
 from dflash_trt.cli import cli
 from dflash_trt.convert import CONFIG_FILE, ConvertConfig, convert
+from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.runtime.local import generate, load_pair
 from dflash_trt.runtime.tp import load_trtllm_pair
-from dflash_trt.decoding.requests import Request, StopCriteria
-from tiny_models import make_draft, make_target
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}

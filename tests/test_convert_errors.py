@@ -6,14 +6,14 @@ import shutil
 import pytest
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
+from test_convert import one_thread, run_convert  # noqa: F401  (autouse fixture)
+from tiny_models import make_draft, make_target
 
-import dflash_trt.convert as convert_module
+import dflash_trt.convert.pipeline as convert_module
 from dflash_trt.cli import cli
 from dflash_trt.convert import ConvertConfig, convert
 from dflash_trt.errors import CheckpointError, ConfigError, DFlashTrtError
 from dflash_trt.runtime.tp import load_trtllm_pair
-from test_convert import one_thread, run_convert  # noqa: F401  (autouse fixture)
-from tiny_models import make_draft, make_target
 
 
 @pytest.fixture()

@@ -361,8 +361,8 @@ def _python_path(fn):
 @pytest.mark.parametrize("seed", range(40))
 def test_greedy_heads_equal_the_torch_rules(seed):
     """verify_lazily (temperature 0) and confident_drafts for one sequence, C++ vs torch."""
-    from dflash_trt.model.draft import confident_drafts
     from dflash_trt.decoding.verify import verify_lazily
+    from dflash_trt.model.draft import confident_drafts
 
     g = torch.Generator().manual_seed(seed)
     hidden_size, vocab, width = 24, 50 + seed, 2 + seed % 15

@@ -4,11 +4,11 @@ import time
 
 import pytest
 import torch
+from scripted import ScriptedDraft, script_oracle
 
 from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.decoding.decode import speculative_generate
 from dflash_trt.decoding.requests import Request, StopCriteria
-from scripted import ScriptedDraft, script_oracle
 
 dflash_model = pytest.importorskip("dflash.model")
 
@@ -78,8 +78,9 @@ def test_greedy_decode_matches_dflash_generate_with_acceptance(tiny_pair, loaded
 def test_sliding_window_draft_matches_reference(tiny_pair, tmp_path, use_window):
     """z-lab `layer_types`: a causal sliding-window layer beside a full-attention layer. As in HF's
     Qwen3Config, `sliding_window` counts only with `use_sliding_window` (else: causal, no window)."""
-    from dflash_trt.runtime.local import load_pair
     from tiny_models import make_draft
+
+    from dflash_trt.runtime.local import load_pair
 
     target_dir, _, hf, _ = tiny_pair
     oracle = make_draft(tmp_path / "d", hf.config, layer_types=["sliding_attention", "full_attention"],
@@ -102,8 +103,9 @@ def test_sliding_window_draft_matches_reference(tiny_pair, tmp_path, use_window)
 @pytest.mark.parametrize("layer_types", [None, ["sliding_attention", "full_attention"]])
 def test_context_folded_into_draft_pass_equals_append_then_draft(tiny_pair, tmp_path, layer_types):
     """Ragged rows: `forward(context=...)` == `append_context` then `forward`, hidden and cache alike."""
-    from dflash_trt.runtime.local import load_pair
     from tiny_models import make_draft
+
+    from dflash_trt.runtime.local import load_pair
 
     target_dir, draft_dir, hf, _ = tiny_pair
     if layer_types is not None:

@@ -10,11 +10,11 @@ from click.testing import CliRunner
 from test_lossless import _requests
 
 from dflash_trt.cli import cli
+from dflash_trt.decoding.autoregressive import autoregressive_generate
+from dflash_trt.decoding.decode import speculative_generate
 from dflash_trt.errors import CheckpointError, ConfigError
 from dflash_trt.model import draft_vocab as dv
 from dflash_trt.runtime.local import apply_draft_vocab, load_pair
-from dflash_trt.decoding.autoregressive import autoregressive_generate
-from dflash_trt.decoding.decode import speculative_generate
 
 
 def test_record_ranks_by_count_and_sizes_by_coverage():
@@ -145,8 +145,8 @@ def test_draft_vocab_command_writes_a_loadable_vocabulary(tiny_pair, tmp_path):
 
 def test_the_shipped_drafter_has_a_vocabulary_that_keeps_acceptance():
     from dflash_trt.bench.local import load_prompts
-    from dflash_trt.engine.config import ASSETS
     from dflash_trt.decoding.requests import Request, StopCriteria
+    from dflash_trt.engine.config import ASSETS
 
     pair = load_pair(ASSETS / "tiny-qwen3", ASSETS / "tiny-qwen3-dflash", dtype="fp32", device="cpu")
     requests = [Request(tuple(p), stop=StopCriteria(64)) for p in load_prompts(None, None, 4)]

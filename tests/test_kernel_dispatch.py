@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
+from dflash_trt.decoding import verify as reference
 from dflash_trt.errors import ConfigError, MissingDependencyError
 from dflash_trt.kernels import verify as dispatch
-from dflash_trt.decoding import verify as reference
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -161,11 +161,11 @@ def test_auto_uses_the_kernel_on_cuda_and_matches_the_reference():
 
 def test_served_runtime_verifies_through_the_switch(loaded_tiny_pair):
     """The scheduler's torch runner calls the one switch; forcing the CPU twin changes no token."""
-    from dflash_trt.kernels import use_impl
-    from dflash_trt.runtime.service import DFlashService, ServiceLimits
     from dflash_trt.decoding.autoregressive import autoregressive_generate
     from dflash_trt.decoding.requests import Request, StopCriteria
     from dflash_trt.decoding.sampling import SamplingParams
+    from dflash_trt.kernels import use_impl
+    from dflash_trt.runtime.service import DFlashService, ServiceLimits
 
     requests = [Request((1, 2, 3), SamplingParams(0.9, 20, 0.8, seed=4), StopCriteria(12)),
                 Request((9, 8), SamplingParams(), StopCriteria(10))]

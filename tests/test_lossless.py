@@ -3,12 +3,12 @@
 import random
 
 import pytest
+from scripted import ScriptedDraft
 
 from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.decoding.decode import speculative_generate
 from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.decoding.sampling import SamplingParams
-from scripted import ScriptedDraft
 
 VARIANTS = [(0, 1.0), (10, 1.0), (0, 0.9), (40, 0.6), (3, 0.95)]  # (top_k, top_p)
 

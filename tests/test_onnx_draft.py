@@ -14,9 +14,9 @@ import torch
 pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from dflash_trt.runtime.runner import TorchDraftRunner, TorchTargetRunner  # noqa: E402
 from dflash_trt.decoding.requests import Request, StopCriteria  # noqa: E402
 from dflash_trt.decoding.sampling import SamplingParams  # noqa: E402
+from dflash_trt.runtime.runner import TorchDraftRunner, TorchTargetRunner  # noqa: E402
 from dflash_trt.trtllm.draft_runner import ort_draft_runner  # noqa: E402
 from dflash_trt.trtllm.golden import decode  # noqa: E402
 from dflash_trt.trtllm.io_spec import DraftGraphSpec  # noqa: E402

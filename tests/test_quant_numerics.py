@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-
-from dflash_trt.errors import ConfigError
-from dflash_trt.quant import numerics as nq
-from dflash_trt.quant.modes import HANDLERS, get_handler, kv_cache_scale
 from test_convert import one_thread  # noqa: F401  (autouse fixture)
+
+from dflash_trt.checkpoint.quant import numerics as nq
+from dflash_trt.checkpoint.quant.modes import HANDLERS, get_handler, kv_cache_scale
+from dflash_trt.errors import ConfigError
 
 mo_qtensor = pytest.importorskip("modelopt.torch.quantization.qtensor")
 mo_tensor_quant = pytest.importorskip("modelopt.torch.quantization.tensor_quant")

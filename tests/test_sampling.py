@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from dflash_trt.decoding.sampling import (
-    SamplingParams, counter_hash, gumbel, log_f32, sample_tokens, seed_as_int64, survivors,
+    SamplingParams,
+    counter_hash,
+    gumbel,
+    log_f32,
+    sample_tokens,
+    seed_as_int64,
+    survivors,
 )
 
 scipy_stats = pytest.importorskip("scipy.stats")

@@ -4,12 +4,12 @@ import threading
 import time
 
 import pytest
+from test_lossless import _requests
 
-from dflash_trt.runtime.service import DFlashService, ServiceLimits
 from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.decoding.sampling import SamplingParams
-from test_lossless import _requests
+from dflash_trt.runtime.service import DFlashService, ServiceLimits
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from tiny_models import make_target
 
 from dflash_trt.checkpoint.hf import read_target
 from dflash_trt.model.loader import load_target
-from tiny_models import make_target
 
 LLAMA3_ROPE = {
     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -145,10 +145,10 @@ def test_init_with_other_taps_is_refused(tiny_pair, tmp_path):
 def test_chain_simulated_tau_equals_decoding_the_same_prompts():
     """On target-greedy data, chain_acceptance_length predicts greedy DFlash decoding's τ (shipped pair)."""
     from dflash_trt.bench.local import load_prompts
-    from dflash_trt.engine.config import ASSETS
-    from dflash_trt.runtime.local import load_pair
     from dflash_trt.decoding.decode import speculative_generate
     from dflash_trt.decoding.requests import Request, StopCriteria
+    from dflash_trt.engine.config import ASSETS
+    from dflash_trt.runtime.local import load_pair
     from dflash_trt.train.blocks import chain_acceptance_length
     from dflash_trt.train.data import Sample, pack
     from dflash_trt.train.trainer import TargetFeatures

@@ -15,10 +15,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.engine.build import build_bundle
 from dflash_trt.engine.config import load_build_config
 from dflash_trt.errors import RequestError
-from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.triton.client import grpc_generate, http_generate, request_inputs
 from dflash_trt.triton.protocol import parse_request
 from dflash_trt.triton.repository import publish
@@ -216,9 +216,9 @@ def test_stop_words_cut_text_and_stream_never_takes_text_back(served):
 def test_served_bench_sweeps_both_models_and_writes_schema_and_plots(served, tmp_path):
     """`dflash-trt bench --url`: one run, dflash and dflash_ar side by side at each concurrency."""
     from click.testing import CliRunner
+    from test_bench import _png_ok
 
     from dflash_trt.cli import cli
-    from test_bench import _png_ok
 
     server, _, _ = served
     out = tmp_path / "bench"

@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dflash_trt.model.kv_cache import KVCache
-from dflash_trt.runtime.runner import TorchDraftRunner, TorchTargetRunner
 from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.decoding.sampling import SamplingParams
 from dflash_trt.decoding.verify import accept_length
+from dflash_trt.model.kv_cache import KVCache
+from dflash_trt.runtime.runner import TorchDraftRunner, TorchTargetRunner
 from dflash_trt.trtllm.golden import decode
 from dflash_trt.trtllm.runner import TrtllmTargetRunner, block_input, output_tensor, parse_accept
 from dflash_trt.trtllm.target_model_cls import tail_rows_reference

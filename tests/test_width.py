@@ -1,11 +1,12 @@
 """Adaptive verify width: picks the best expected throughput and never changes the tokens."""
 
-from dflash_trt.runtime.service import DFlashService, ServiceLimits
+from scripted import ScriptedDraft
+from test_lossless import _requests
+
 from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.decoding.decode import speculative_generate
 from dflash_trt.decoding.width import AdaptiveWidth
-from scripted import ScriptedDraft
-from test_lossless import _requests
+from dflash_trt.runtime.service import DFlashService, ServiceLimits
 
 
 def test_width_follows_measured_acceptance_and_cost():

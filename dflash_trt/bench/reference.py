@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.errors import MissingDependencyError
 from dflash_trt.decoding.decode import speculative_generate
 from dflash_trt.decoding.requests import Request, StopCriteria
+from dflash_trt.errors import MissingDependencyError
 
 
 @dataclass

@@ -12,9 +12,9 @@ import torch
 from dflash_trt.bench import plots, report
 from dflash_trt.bench.local import bench_block_size, load_prompts, warm_up
 from dflash_trt.bench.served import scaling, sweep
+from dflash_trt.decoding.sampling import SamplingParams
 from dflash_trt.engine.config import resolve_model_path
 from dflash_trt.runtime.local import apply_draft_vocab, load_pair
-from dflash_trt.decoding.sampling import SamplingParams
 from dflash_trt.tokenizer import stop_token_ids
 
 SCHEMA_VERSION = 1

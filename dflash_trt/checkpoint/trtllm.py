@@ -16,6 +16,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from dflash_trt.checkpoint.configs import TransformerDims
+from dflash_trt.checkpoint.quant.modes import handler_for_algo
 from dflash_trt.checkpoint.trtllm_config import TrtllmConfig, check_tp, local_dims, read_trtllm_config
 from dflash_trt.checkpoint.trtllm_layout import Spec, check_quantizable, expected_tensors
 from dflash_trt.checkpoint.trtllm_names import (
@@ -27,7 +28,6 @@ from dflash_trt.checkpoint.trtllm_names import (
     linear_of,
 )
 from dflash_trt.errors import CheckpointError
-from dflash_trt.quant.modes import handler_for_algo
 
 SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
                       "F8_E4M3": torch.float8_e4m3fn, "U8": torch.uint8}

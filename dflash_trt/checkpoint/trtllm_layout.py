@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from dflash_trt.checkpoint.configs import TransformerDims
+from dflash_trt.checkpoint.quant.modes import KV_SCALE_SPEC, handler_for_algo
 from dflash_trt.checkpoint.trtllm_config import TrtllmConfig, local_dims, padded_vocab
 from dflash_trt.checkpoint.trtllm_names import LINEAR_SPLITS, QUANTIZED_LINEARS, linear_of
-from dflash_trt.quant.modes import KV_SCALE_SPEC, handler_for_algo
 
 Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from dflash_trt.checkpoint.quant.modes import handler_for_algo, kv_cache_scale
 from dflash_trt.checkpoint.trtllm_config import TrtllmConfig
 from dflash_trt.checkpoint.trtllm_layout import DTYPES, expected_tensors, split_tensor
 from dflash_trt.checkpoint.trtllm_names import (
@@ -27,7 +28,6 @@ from dflash_trt.checkpoint.trtllm_names import (
     linear_of,
 )
 from dflash_trt.checkpoint.weights import WeightFiles
-from dflash_trt.quant.modes import handler_for_algo, kv_cache_scale
 
 Tensors = dict[str, torch.Tensor]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
+from dflash_trt.checkpoint.quant.modes import HANDLERS, KV_CACHE_MODES
 from dflash_trt.checkpoint.trtllm_config import DTYPE_NAMES
-from dflash_trt.quant.modes import HANDLERS, KV_CACHE_MODES
 
 
 @click.command("convert", short_help="Convert an HF target + DFlash drafter to a TensorRT-LLM checkpoint pair.")

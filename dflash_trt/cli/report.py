@@ -7,10 +7,10 @@ import sys
 
 import click
 
-from dflash_trt.errors import RequestError
 from dflash_trt.decoding.requests import GenerationResult, Request, StopCriteria
 from dflash_trt.decoding.sampling import SamplingParams
 from dflash_trt.decoding.stats import DecodeStats
+from dflash_trt.errors import RequestError
 from dflash_trt.tokenizer import encode_prompt, stop_token_ids
 
 

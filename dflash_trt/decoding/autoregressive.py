@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from dflash_trt.model import cpu_layers
-from dflash_trt.model.target import Target
 from dflash_trt.decoding.batch import BatchParams, cache_capacity, prefill
 from dflash_trt.decoding.requests import Detokenize, GenerationResult, OnCommit, Request, Row
 from dflash_trt.decoding.sampling import sample_tokens
+from dflash_trt.model import cpu_layers
+from dflash_trt.model.target import Target
 
 
 @torch.inference_mode()

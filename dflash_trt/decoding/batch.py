@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_trt.model.kv_cache import KVCache
-from dflash_trt.model.target import Target
 from dflash_trt.decoding.requests import Request
 from dflash_trt.decoding.sampling import params_tensors, sample_tokens
+from dflash_trt.model.kv_cache import KVCache
+from dflash_trt.model.target import Target
 
 
 @dataclass

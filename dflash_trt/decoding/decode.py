@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash_trt.model import cpu_layers
-from dflash_trt.model.draft import DFlashDraft
-from dflash_trt.model.target import Target
 from dflash_trt.decoding.batch import BatchParams, cache_capacity, prefill
 from dflash_trt.decoding.requests import Detokenize, GenerationResult, OnCommit, Request, Row
 from dflash_trt.decoding.verify import verify_block, verify_lazily
 from dflash_trt.decoding.width import AdaptiveWidth
+from dflash_trt.model import cpu_layers
+from dflash_trt.model.draft import DFlashDraft
+from dflash_trt.model.target import Target
 
 
 @dataclass

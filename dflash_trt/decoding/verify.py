@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from dflash_trt.decoding.sampling import canonical_logits, sample_tokens
 from dflash_trt.model import cpu_layers
 from dflash_trt.model.layers import call_linear
-from dflash_trt.decoding.sampling import canonical_logits, sample_tokens
 
 
 def accept_length(drafts: torch.Tensor, target_tokens: torch.Tensor) -> torch.Tensor:

@@ -11,10 +11,10 @@ import json
 import re
 from pathlib import Path
 
-from dflash_trt.errors import ConfigError
 from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.decoding.decode import speculative_generate
 from dflash_trt.decoding.requests import Request, StopCriteria
+from dflash_trt.errors import ConfigError
 
 HELDOUT = Path(__file__).resolve().parent.parent / "assets" / "heldout_prompts.jsonl"
 

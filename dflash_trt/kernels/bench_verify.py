@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.kernels import verify as dispatch
 from dflash_trt.decoding.verify import verify_block as reference_verify
+from dflash_trt.kernels import verify as dispatch
 
 VOCAB, K = 151936, 15
 MODES = {"greedy": (0.0, 0, 1.0), "sample": (0.8, 0, 1.0), "topk_topp": (0.8, 50, 0.9)}

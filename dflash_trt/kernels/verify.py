@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.errors import ConfigError, MissingDependencyError
 from dflash_trt.decoding import verify as reference
+from dflash_trt.errors import ConfigError, MissingDependencyError
 
 IMPLS = ("auto", "reference", "kernel", "twin")
 ENV_IMPL = "DFLASH_TRT_VERIFY_IMPL"

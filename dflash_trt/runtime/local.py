@@ -10,15 +10,15 @@ from pathlib import Path
 import torch
 
 from dflash_trt.checkpoint.hf import check_pair, read_draft, read_target
+from dflash_trt.decoding.autoregressive import autoregressive_generate
+from dflash_trt.decoding.decode import DecodeTimings, speculative_generate
+from dflash_trt.decoding.requests import GenerationResult, OnCommit, Request
+from dflash_trt.decoding.stats import DecodeStats
 from dflash_trt.errors import ConfigError
 from dflash_trt.model import cpu_layers
 from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.model.loader import DTYPES, load_draft, load_target
 from dflash_trt.model.target import Target
-from dflash_trt.decoding.autoregressive import autoregressive_generate
-from dflash_trt.decoding.decode import DecodeTimings, speculative_generate
-from dflash_trt.decoding.requests import GenerationResult, OnCommit, Request
-from dflash_trt.decoding.stats import DecodeStats
 from dflash_trt.tokenizer import has_tokenizer, load_tokenizer
 
 

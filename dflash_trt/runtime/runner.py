@@ -21,12 +21,12 @@ from typing import Protocol
 
 import torch
 
-from dflash_trt.model.draft import DFlashDraft
-from dflash_trt.model.target import Target
 from dflash_trt.decoding.batch import pad_prompts
 from dflash_trt.decoding.sampling import sample_tokens
 from dflash_trt.decoding.verify import verify_lazily
 from dflash_trt.kernels import verify_block  # the one switch: CUDA kernel when built, else the torch reference
+from dflash_trt.model.draft import DFlashDraft
+from dflash_trt.model.target import Target
 
 Sampling = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # temperature, top_k, top_p, seed [B]
 

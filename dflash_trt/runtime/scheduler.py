@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash_trt.runtime.runner import DraftRunner, TargetRunner
 from dflash_trt.decoding.requests import Detokenize, GenerationResult, Request, Row
 from dflash_trt.decoding.sampling import params_tensors
 from dflash_trt.decoding.width import AdaptiveWidth
+from dflash_trt.runtime.runner import DraftRunner, TargetRunner
 
 
 @dataclass

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash_trt.decoding.requests import GenerationResult, Request
 from dflash_trt.runtime.local import LoadedPair
 from dflash_trt.runtime.runner import TorchDraftRunner, TorchTargetRunner
 from dflash_trt.runtime.scheduler import Event, Scheduler, Sequence, StepStats
-from dflash_trt.decoding.requests import GenerationResult, Request
 
 
 @dataclass(frozen=True)

@@ -30,16 +30,16 @@ from torch import nn
 from torch.nn import functional as F
 
 from dflash_trt.checkpoint.hf import check_pair
+from dflash_trt.checkpoint.quant.modes import handler_for_algo
+from dflash_trt.checkpoint.quant.numerics import fp8_round_trip
 from dflash_trt.checkpoint.trtllm import RankState, TrtllmCheckpoint, load_rank, read_trtllm
 from dflash_trt.checkpoint.trtllm_config import local_dims, padded_vocab
+from dflash_trt.decoding.requests import GenerationResult, Request
 from dflash_trt.errors import CheckpointError
 from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.model.layers import MLP, AttentionProjections, Rotary
 from dflash_trt.model.target import Target
-from dflash_trt.quant.modes import handler_for_algo
-from dflash_trt.quant.numerics import fp8_round_trip
 from dflash_trt.runtime.local import LoadedPair, generate, resolve_device, resolve_dtype
-from dflash_trt.decoding.requests import GenerationResult, Request
 from dflash_trt.tokenizer import has_tokenizer, load_tokenizer
 
 

@@ -24,8 +24,14 @@ from dflash_trt.model import draft_vocab
 from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.train import data as train_data
 from dflash_trt.train import state as train_state
-from dflash_trt.train.blocks import (block_loss, chain_acceptance_length, cosine_lr, draft_training_logits,
-                                    sample_blocks, simulated_acceptance_length)
+from dflash_trt.train.blocks import (
+    block_loss,
+    chain_acceptance_length,
+    cosine_lr,
+    draft_training_logits,
+    sample_blocks,
+    simulated_acceptance_length,
+)
 
 
 @dataclass

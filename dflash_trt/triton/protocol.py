@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dflash_trt.errors import RequestError
 from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.decoding.sampling import SamplingParams
+from dflash_trt.errors import RequestError
 
 # name, Triton type, dims (max_batch_size 0: these are full shapes)
 INPUTS = [

@@ -9,10 +9,10 @@ autoregressive decoding), decoded through the built engines instead of the torch
 
 from __future__ import annotations
 
+from dflash_trt.decoding.requests import GenerationResult, Request, StopCriteria
 from dflash_trt.engine.golden import golden_block
 from dflash_trt.runtime.runner import DraftRunner, TargetRunner
 from dflash_trt.runtime.scheduler import Event, Scheduler
-from dflash_trt.decoding.requests import GenerationResult, Request, StopCriteria
 
 
 def decode(target: TargetRunner, draft: DraftRunner | None, requests: list[Request], n_slots: int, capacity: int,

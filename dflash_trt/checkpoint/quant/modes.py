@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from dflash_trt.checkpoint.quant import numerics as nq
 from dflash_trt.errors import ConfigError
-from dflash_trt.quant import numerics as nq
 
 Tensors = dict[str, torch.Tensor]
 Spec = dict[str, tuple[tuple[int, ...], torch.dtype]]  # suffix -> (shape, dtype)

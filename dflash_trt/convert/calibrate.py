@@ -25,14 +25,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dflash_trt.checkpoint.quant.numerics import tensor_amax
 from dflash_trt.checkpoint.trtllm_writer import ModelAmax
+from dflash_trt.decoding.decode import speculative_generate
+from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.errors import ConfigError, MissingDependencyError
 from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.model.layers import Rotary
 from dflash_trt.model.target import Target
-from dflash_trt.quant.numerics import tensor_amax
-from dflash_trt.decoding.decode import speculative_generate
-from dflash_trt.decoding.requests import Request, StopCriteria
 
 CALIBRATORS = ("auto", "builtin", "modelopt")
 BATCH = 8

@@ -19,11 +19,11 @@ from pathlib import Path
 
 from dflash_trt.checkpoint.hf import check_pair, read_draft, read_target
 from dflash_trt.checkpoint.json_fields import load_json
+from dflash_trt.checkpoint.quant.modes import HANDLERS, KV_CACHE_MODES, get_handler
 from dflash_trt.checkpoint.trtllm_config import DTYPE_NAMES, QuantSection, TrtllmConfig, check_tp
 from dflash_trt.checkpoint.trtllm_layout import check_quantizable
 from dflash_trt.checkpoint.trtllm_writer import ModelAmax, convert_tensors, write_checkpoint
 from dflash_trt.errors import ConfigError, UnsupportedModelError, field_error
-from dflash_trt.quant.modes import HANDLERS, KV_CACHE_MODES, get_handler
 from dflash_trt.tokenizer import TOKENIZER_FILES
 
 CONFIG_FILE = "convert_config.json"
@@ -109,7 +109,7 @@ def _check_out(out: Path) -> None:
 
 
 def _calibrate(config: ConvertConfig, target_ckpt, draft_ckpt) -> tuple[dict, tuple[ModelAmax, ModelAmax]]:
-    from dflash_trt.convert_calibrate import (
+    from dflash_trt.convert.calibrate import (
         calibrate_pair,
         load_prompts,
         random_prompts,
