@@ -12,7 +12,7 @@ import random
 
 import torch
 
-from dflash_trt.model.draft import confident_drafts
+from dflash_trt.model.draft_heads import confident_drafts
 
 
 def scripted_token(script: list[int], pos: int, corrupt: float, seed: int, vocab: int) -> int:

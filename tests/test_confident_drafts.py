@@ -9,7 +9,7 @@ from test_lossless import _requests
 
 from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.decoding.decode import speculative_generate
-from dflash_trt.model.draft import confident_drafts
+from dflash_trt.model.draft_heads import confident_drafts
 from dflash_trt.runtime.service import DFlashService, ServiceLimits
 
 

@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dflash_trt.checkpoint.hf import read_target
-from dflash_trt.model import cpu_layers
+from dflash_trt.model import cpu_layers, cpu_ops
 from dflash_trt.model.loader import load_target
 
 TAPS = (0, 2, 3)
@@ -29,7 +29,7 @@ def torch_path(monkeypatch):
 
     def run(fn):
         with monkeypatch.context() as m:
-            m.setattr(cpu_layers, "library", lambda: None)
+            m.setattr(cpu_ops, "library", lambda: None)
             return fn()
 
     return run
@@ -52,7 +52,7 @@ def decode_in_blocks(model, tokens, prefill, width):
 
 
 def test_library_builds_here():
-    assert cpu_layers.library() is not None, "g++ is needed on CI machines (the verify twin needs it too)"
+    assert cpu_ops.library() is not None, "g++ is needed on CI machines (the verify twin needs it too)"
 
 
 def test_target_cpu_layers_equal_the_torch_path(target, torch_path):
@@ -253,20 +253,20 @@ def test_batched_draft_with_ragged_contexts_equals_the_torch_path(loaded_tiny_pa
 def test_matmul_equals_f_linear_and_rows_are_independent(rows, k, n):
     g = torch.Generator().manual_seed(rows)
     x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
-    out = cpu_layers.matmul_nt(x, w)
+    out = cpu_ops.matmul_nt(x, w)
     torch.testing.assert_close(out, F.linear(x, w), rtol=1e-5, atol=1e-5)
     for t in range(rows):
-        assert torch.equal(cpu_layers.matmul_nt(x[t : t + 1].contiguous(), w)[0], out[t])
+        assert torch.equal(cpu_ops.matmul_nt(x[t : t + 1].contiguous(), w)[0], out[t])
 
 
 @pytest.mark.parametrize("rows,k,n", [(1, 64, 96), (2, 48, 33), (3, 20, 7), (5, 37, 16), (7, 64, 57), (8, 192, 40),
                                       (9, 200, 65), (16, 512, 3), (300, 24, 50)])
 def test_panel_matmul_equals_f_linear_and_rows_are_independent(rows, k, n):
     """The layer's projections: weights packed in panels of 8 outputs, tiles of up to 8 rows (any row count)."""
-    lib = cpu_layers.library()
+    lib = cpu_ops.library()
     g = torch.Generator().manual_seed(rows + 100)
     x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
-    panels = cpu_layers.pack_panels(w)
+    panels = cpu_ops.pack_panels(w)
     assert panels.shape == ((n + 7) // 8, k, 8)
 
     def matmul(inp):
@@ -342,19 +342,19 @@ def test_weights_changed_in_place_are_repacked(target, torch_path):
 
 
 def test_switched_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv(cpu_layers.ENV, "0")
-    cpu_layers.library.cache_clear()
+    monkeypatch.setenv(cpu_ops.ENV, "0")
+    cpu_ops.library.cache_clear()
     try:
-        assert cpu_layers.library() is None
+        assert cpu_ops.library() is None
     finally:
-        monkeypatch.delenv(cpu_layers.ENV)
-        cpu_layers.library.cache_clear()
-    assert cpu_layers.library() is not None
+        monkeypatch.delenv(cpu_ops.ENV)
+        cpu_ops.library.cache_clear()
+    assert cpu_ops.library() is not None
 
 
 def _python_path(fn):
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(cpu_layers, "library", lambda: None)
+        m.setattr(cpu_ops, "library", lambda: None)
         return fn()
 
 
@@ -362,7 +362,7 @@ def _python_path(fn):
 def test_greedy_heads_equal_the_torch_rules(seed):
     """verify_lazily (temperature 0) and confident_drafts for one sequence, C++ vs torch."""
     from dflash_trt.decoding.verify import verify_lazily
-    from dflash_trt.model.draft import confident_drafts
+    from dflash_trt.model.draft_heads import confident_drafts
 
     g = torch.Generator().manual_seed(seed)
     hidden_size, vocab, width = 24, 50 + seed, 2 + seed % 15
@@ -384,7 +384,7 @@ def test_greedy_heads_equal_the_torch_rules(seed):
         for min_confidence in (0.0, 0.02, 0.3):
             logits_of = lambda lo, hi: F.linear(hidden[:, lo:hi], head.weight)
             want = confident_drafts(logits_of, width, min_confidence)
-            got = cpu_layers.greedy_drafts(hidden[0], head, min_confidence, 6)
+            got = cpu_ops.greedy_drafts(hidden[0], head, min_confidence, 6)
             assert torch.equal(got, want[0]), (min_confidence, got, want)
 
 
@@ -397,10 +397,10 @@ def test_rms_norm_equals_torch_and_steps_aside_for_autograd():
     x = torch.randn(3, 5, 40, generator=torch.Generator().manual_seed(1))
     want = F.rms_norm(x, (40,), norm.weight, 1e-6)
     with torch.inference_mode():
-        got = cpu_layers.rms_norm(x, norm.weight.detach(), 1e-6)
+        got = cpu_ops.rms_norm(x, norm.weight.detach(), 1e-6)
         torch.testing.assert_close(got, want.detach(), rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(norm(x), want.detach(), rtol=1e-6, atol=1e-6)
-    assert cpu_layers.rms_norm(x, norm.weight, 1e-6) is None  # autograd on: the torch op
+    assert cpu_ops.rms_norm(x, norm.weight, 1e-6) is None  # autograd on: the torch op
 
 
 def test_portable_build_without_avx2_equals_the_torch_path(target, torch_path, monkeypatch):
@@ -409,10 +409,10 @@ def test_portable_build_without_avx2_equals_the_torch_path(target, torch_path, m
 
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the portable build is the native one off x86")
-    portable = cpu_layers.build_library(cpu_layers.PORTABLE_FLAGS, cpu_specific=False)
+    portable = cpu_ops.build_library(cpu_ops.PORTABLE_FLAGS, cpu_specific=False)
     tokens = torch.randint(0, 256, (1, 50), generator=torch.Generator().manual_seed(6))
     want_logits, want_taps = torch_path(lambda: decode_in_blocks(target, tokens, 30, 4))
-    monkeypatch.setattr(cpu_layers, "library", lambda: portable)
+    monkeypatch.setattr(cpu_ops, "library", lambda: portable)
     for layer in target.model.layers:  # plans hold panels packed by the other build: same layout, re-pack anyway
         layer.__dict__.pop("_cpu_plan", None)
     logits, taps = decode_in_blocks(target, tokens, 30, 4)
@@ -422,18 +422,18 @@ def test_portable_build_without_avx2_equals_the_torch_path(target, torch_path, m
     assert torch.equal(taps, one_by_one)
     x, w = torch.randn(5, 37), torch.randn(11, 37)
     with torch.inference_mode():
-        torch.testing.assert_close(cpu_layers.matmul_nt(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(cpu_ops.matmul_nt(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
 
 
 def test_head_panels_follow_in_place_changes():
     head = nn.Linear(16, 40, bias=False)
     hidden = torch.randn(5, 16, generator=torch.Generator().manual_seed(9))
     with torch.inference_mode():
-        first = cpu_layers.greedy_drafts(hidden, head, 0.0, 6)
+        first = cpu_ops.greedy_drafts(hidden, head, 0.0, 6)
         assert torch.equal(first, F.linear(hidden, head.weight).argmax(-1))
         with torch.no_grad():
             head.weight.neg_()
-        again = cpu_layers.greedy_drafts(hidden, head, 0.0, 6)
+        again = cpu_ops.greedy_drafts(hidden, head, 0.0, 6)
         assert torch.equal(again, F.linear(hidden, head.weight).argmax(-1)) and not torch.equal(again, first)
 
 
@@ -444,7 +444,7 @@ def test_inference_tensor_heads_work():
         head = type("Head", (), {})()
         head.weight = weight
         hidden = torch.randn(3, 16)
-        assert torch.equal(cpu_layers.greedy_drafts(hidden, head, 0.0, 6), F.linear(hidden, weight).argmax(-1))
+        assert torch.equal(cpu_ops.greedy_drafts(hidden, head, 0.0, 6), F.linear(hidden, weight).argmax(-1))
 
 
 def test_a_decode_checks_its_layer_plans_once(loaded_tiny_pair, monkeypatch):

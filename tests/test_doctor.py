@@ -90,20 +90,20 @@ def test_doctor_cli_table_and_json(no_gpu_stack):
 
 
 def test_doctor_reports_the_cpu_layer_switched_off_or_unbuildable(monkeypatch):
-    from dflash_trt.model import cpu_layers
+    from dflash_trt.model import cpu_ops
 
-    monkeypatch.setenv(cpu_layers.ENV, "0")
+    monkeypatch.setenv(cpu_ops.ENV, "0")
     (row,) = doctor.probe_cpu_layers()
-    assert row["status"] == "warn" and cpu_layers.ENV in row["fix"]
-    monkeypatch.delenv(cpu_layers.ENV)
+    assert row["status"] == "warn" and cpu_ops.ENV in row["fix"]
+    monkeypatch.delenv(cpu_ops.ENV)
 
     def no_compiler():
-        raise cpu_layers.MissingDependencyError("no C++ compiler for libdflash_cpu_layer.so")
+        raise cpu_ops.MissingDependencyError("no C++ compiler for libdflash_cpu_layer.so")
 
-    monkeypatch.setattr(cpu_layers, "build_library", no_compiler)
-    cpu_layers.library.cache_clear()
+    monkeypatch.setattr(cpu_ops, "build_library", no_compiler)
+    cpu_ops.library.cache_clear()
     try:
         (row,) = doctor.probe_cpu_layers()
         assert row["status"] == "missing" and "no C++ compiler" in row["detail"] and "g++" in row["fix"]
     finally:
-        cpu_layers.library.cache_clear()
+        cpu_ops.library.cache_clear()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from dflash_trt.decoding.sampling import canonical_logits, sample_tokens
-from dflash_trt.model import cpu_layers
+from dflash_trt.model import cpu_ops
 from dflash_trt.model.layers import call_linear
 
 
@@ -65,11 +65,11 @@ def verify_lazily(
     has a mismatch, later rows are not computed. Each row's token is the sampling rule applied to
     that row's logits alone, so the tokens that matter — t_0 .. t_a of every row — are the ones
     `verify_block` returns. Entries after t_a are unspecified (-1 where never computed).
-    One greedy sequence on CPU runs the same in C++ (`cpu_layers.greedy_verify`; the rule is argmax).
+    One greedy sequence on CPU runs the same in C++ (`cpu_ops.greedy_verify`; the rule is argmax).
     """
     b, width, h = hidden.shape
-    if cpu_layers.head_ready(hidden, lm_head) and float(sampling[0][0]) == 0.0:  # one greedy row
-        row_tokens, a = cpu_layers.greedy_verify(hidden[0], lm_head, drafts[0], first)
+    if cpu_ops.head_ready(hidden, lm_head) and float(sampling[0][0]) == 0.0:  # one greedy row
+        row_tokens, a = cpu_ops.greedy_verify(hidden[0], lm_head, drafts[0], first)
         return row_tokens[None], torch.tensor([a])
     tokens = torch.full((b, width), -1, dtype=torch.int64, device=hidden.device)
     matched = torch.ones(b, dtype=torch.bool, device=hidden.device)  # every draft so far accepted

@@ -43,7 +43,7 @@ class RuntimeConfig:
     # Adaptive verify width (decoding/width.py): a step's fixed cost in units of one verified token.
     # ~28 on a 2-core CPU, hundreds on GPUs (= always the full block). null: fixed widths.
     adaptive_width_cost: float | None = None
-    # Confidence cut (model/draft.py `confident_drafts`): verify only the drafts whose running product
+    # Confidence cut (model/draft_heads.py `confident_drafts`): verify only the drafts whose running product
     # of draft probabilities is >= this. Saves verify rows where they cost (CPUs); 0: full blocks.
     draft_confidence: float = 0.0
     # Draft vocabulary (model/draft_vocab.py): the drafter scores only the N most frequent tokens of

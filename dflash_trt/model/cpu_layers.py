@@ -10,10 +10,8 @@ Used by `Target.forward` (causal) and `DFlashDraft.forward` (non-causal blocks o
 block], ragged contexts) when `eligible`: fp32 CPU tensors, each sequence's rows at consecutive
 positions, at most MAX_ROWS rows in all, no autograd or graph recording, fused q/k/v and gate/up
 weights, plain modules. Everything else (training, quantization simulation, sliding-window or
-causal drafters, GPUs) keeps the torch path. The greedy heads (`greedy_verify`, `greedy_drafts`)
-and `rms_norm` live in the same library. `DFLASH_TRT_CPU_LAYERS=0` turns it all off; without a
-C++ compiler it is off with one warning. The library is built with g++ -O3 -march=native on first
-use (a few seconds) and cached (kernels/host_build.py).
+causal drafters, GPUs) keeps the torch path. The library itself (building, loading) and its
+row-independent ops (RMSNorm, projections, greedy heads) are in cpu_ops.py.
 """
 
 from __future__ import annotations
@@ -22,142 +20,50 @@ import contextvars
 import ctypes
 import functools
 import math
-import os
-import warnings
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from dflash_trt.errors import MissingDependencyError
+from dflash_trt.model import cpu_ops
+from dflash_trt.model.cpu_ops import DraftStepArgs, LayerWeights, pack_panels, tensor_versions
 from dflash_trt.model.kv_cache import KVCache
+from dflash_trt.model.layers import RMSNorm
 
-ENV = "DFLASH_TRT_CPU_LAYERS"
 MAX_ROWS = 256  # rows per pass (all sequences); measured faster than the torch path up to here on the
 # 2-core CPU, prompts included (6-layer tiny target: 128 rows 14.2 vs 17.6 ms, 256 rows 28.4 vs 34.5 ms)
-
-SOURCE_DIR = Path(__file__).resolve().parent / "cpu_kernels"
-FLAGS = ("-std=c++17", "-shared", "-fPIC", "-O3", "-march=native", "-Wall", "-Wextra", "-Werror")
-PORTABLE_FLAGS = tuple(f for f in FLAGS if f != "-march=native")  # no AVX2 / FMA: the plain C++ loops
-
-_p, _i32 = ctypes.c_void_p, ctypes.c_int32
-
-
-class _Weights(ctypes.Structure):
-    """Mirror of DflLayerWeights in decoder_layer.cpp."""
-
-    _fields_ = [("input_norm", _p), ("qkv", _p), ("q_norm", _p), ("k_norm", _p), ("o_proj", _p),
-                ("post_norm", _p), ("gate_up", _p), ("down", _p), ("hidden", _i32), ("heads", _i32),
-                ("kv_heads", _i32), ("head_dim", _i32), ("intermediate", _i32), ("eps", ctypes.c_float)]
-
-
-class _DraftStep(ctypes.Structure):
-    """Mirror of DflDraftStep in decoder_layer.cpp."""
-
-    _fields_ = [("layers", ctypes.POINTER(ctypes.POINTER(_Weights))), ("n_layers", _i32), ("fc", _p), ("fc_in", _i32),
-                ("hidden_norm", _p), ("hidden_eps", ctypes.c_float), ("final_norm", _p), ("final_eps", ctypes.c_float),
-                ("head", _p), ("vocab", _i32), ("vocab_ids", _p), ("first", _i32)]
-
-
-_i64 = ctypes.c_int64
-_SIGNATURES = {  # name: (restype, argtypes)
-    "dfl_decoder_layer": (_i32, [ctypes.POINTER(_Weights), _p, _i32, _i32, _p, _p, _p, _p, _p, _p, _p, _p, _i32, _i32]),
-    "dfl_decoder_layer_rows": (_i32, [ctypes.POINTER(_Weights), _p, _i32, _i32, _p, _p, _p, _p, _p, _p, _p, _p, _i32,
-                                      _i32, _i32, _i32, _i32]),
-    "dfl_matmul_nt": (None, [_p, _i32, _i32, _p, _i32, _p]),
-    "dfl_pack_panels": (None, [_p, _i32, _i32, _p]),
-    "dfl_matmul_panels": (None, [_p, _i32, _i32, _p, _i32, _p]),
-    "dfl_rms_norm": (None, [_p, _i32, _i32, _p, ctypes.c_float, _p]),
-    "dfl_greedy_verify": (_i32, [_p, _i32, _i32, _p, _i32, _p, _i32, _p]),
-    "dfl_greedy_drafts": (_i32, [_p, _i32, _i32, _p, _i32, ctypes.c_float, _i32, _p]),
-    "dfl_draft_step": (_i32, [ctypes.POINTER(_DraftStep), _p, _i32, _p, _i32, _p, _p, _p, _p, _i64, _i64, _i64, _i32,
-                              ctypes.c_float, _p, _p]),
-}
-
-
-def build_library(flags: tuple[str, ...] = FLAGS, cpu_specific: bool = True) -> ctypes.CDLL:
-    """Compile (or reuse the cached build of) decoder_layer.cpp with `flags` and load it."""
-    from dflash_trt.kernels.host_build import (  # not at import: kernels imports the model
-        HostLibrary,
-        build,
-    )
-
-    spec = HostLibrary("libdflash_cpu_layer.so", "decoder_layer.cpp", ("decoder_layer.cpp",), flags,
-                       root=SOURCE_DIR, cpu_specific=cpu_specific)
-    handle = ctypes.CDLL(str(build(spec)))
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        fn = getattr(handle, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return handle
-
-
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """The compiled layer library, or None when turned off or not buildable (warns once)."""
-    if os.environ.get(ENV, "1") == "0":
-        return None
-    try:
-        return build_library()
-    except (MissingDependencyError, RuntimeError, OSError) as e:
-        warnings.warn(f"C++ CPU decoder layer unavailable, using the torch path: {e}", stacklevel=2)
-        return None
-
-
-def eager() -> bool:
-    """Plain eager execution: no autograd, and nothing recording the graph (ONNX export, tracing,
-    torch.compile) — a ctypes call is invisible to them and would be baked in as a constant."""
-    return not (torch.is_grad_enabled() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-                or torch.compiler.is_compiling())
 
 
 def eligible(positions: torch.Tensor, cache: KVCache) -> bool:
     """Rows [B, T] at consecutive positions each (start_b + 0..T-1), B * T <= MAX_ROWS, an fp32 CPU
     cache, `eager`."""
     b, t = positions.shape
-    if not (b * t <= MAX_ROWS and cache.k.device.type == "cpu" and cache.k.dtype == torch.float32 and eager()):
+    if not (b * t <= MAX_ROWS and cache.k.device.type == "cpu" and cache.k.dtype == torch.float32
+            and cpu_ops.eager()):
         return False
     if b == 1:
         row = positions[0].tolist()  # one conversion (each tensor element read is ~5 µs in a decode loop)
         consecutive = row[-1] - row[0] == t - 1
     else:
         consecutive = t == 1 or bool((positions[:, 1:] - positions[:, :-1] == 1).all())
-    return consecutive and library() is not None
-
-
-def _version(t: torch.Tensor | None) -> int:
-    """The in-place modification counter (an optimizer step or load_state_dict bumps it); inference
-    tensors have none (0)."""
-    return -1 if t is None else (0 if t.is_inference() else t._version)
-
-
-def _versions(tensors) -> tuple[int, ...]:
-    return tuple(_version(t) for t in tensors)
+    return consecutive and cpu_ops.library() is not None
 
 
 class LayerPlan:
     """The weight pointers of one decoder layer (and a packed copy of its projections); valid while
-    `_objects(layer)` returns the same tensors, unmodified (`_versions`)."""
+    `_objects(layer)` returns the same tensors, unmodified (`tensor_versions`)."""
 
     def __init__(self, objects: tuple, layer: nn.Module):
         self.objects = objects  # keeps the tensors alive and identifies them
-        self.versions = _versions(objects)
+        self.versions = tensor_versions(objects)
         qkv, gate_up, o_w, down_w, in_norm, post_norm, q_norm, k_norm = objects
         self.panels = [pack_panels(w) for w in (qkv, o_w, gate_up, down_w)]  # a copy of the projections
         qkv, o_w, gate_up, down_w = self.panels
         attn = layer.self_attn
         ptr = lambda t: None if t is None else t.data_ptr()
-        self.weights = _Weights(ptr(in_norm), ptr(qkv), ptr(q_norm), ptr(k_norm), ptr(o_w), ptr(post_norm),
+        self.weights = LayerWeights(ptr(in_norm), ptr(qkv), ptr(q_norm), ptr(k_norm), ptr(o_w), ptr(post_norm),
                                 ptr(gate_up), ptr(down_w), objects[2].shape[0], attn.num_heads, attn.num_kv_heads,
                                 attn.head_dim, objects[3].shape[1], layer.input_layernorm.eps)
         self.pointer = ctypes.pointer(self.weights)
-
-
-def pack_panels(weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] -> [ceil(N / 8), K, 8], the layout the layer's projections stream (zero-padded)."""
-    n, k = weight.shape
-    panels = torch.empty((n + 7) // 8, k, 8, dtype=torch.float32)
-    library().dfl_pack_panels(weight.detach().contiguous().data_ptr(), n, k, panels.data_ptr())
-    return panels
 
 
 def _weight(module: nn.Module) -> torch.Tensor | None:
@@ -180,8 +86,6 @@ def _objects(layer: nn.Module) -> tuple:
 def _supported(layer: nn.Module, objects: tuple) -> bool:
     """Whether the C++ layer computes exactly what `layer` does: fused fp32 CPU weights, plain
     bias-free projections, RMSNorms with one eps (q/k norms may be absent: Llama)."""
-    from dflash_trt.model.layers import RMSNorm
-
     attn, mlp = layer.self_attn, layer.mlp
     linears = (attn.o_proj, mlp.down_proj)
     norms = [layer.input_layernorm, layer.post_attention_layernorm]
@@ -223,7 +127,7 @@ def plans(layers: nn.ModuleList) -> list[LayerPlan] | None:
     for layer in layers:
         objects = _objects(layer)
         plan = layer.__dict__.get("_cpu_plan")
-        if plan is None or any(a is not b for a, b in zip(plan.objects, objects)) or plan.versions != _versions(objects):
+        if plan is None or any(a is not b for a, b in zip(plan.objects, objects)) or plan.versions != tensor_versions(objects):
             if not _supported(layer, objects):
                 return None
             plan = LayerPlan(objects, layer)
@@ -286,7 +190,7 @@ class _LayerCall:
         self.tail = (slots.data_ptr(), starts.data_ptr(), cache.capacity, int(causal))
 
     def __call__(self, i: int, lo: int, hi: int, write_kv: bool) -> None:
-        lib, offset = library(), i * self.layer_bytes
+        lib, offset = cpu_ops.library(), i * self.layer_bytes
         head = (self.plans[i].pointer, *self.args, self.k_base + offset, self.v_base + offset, *self.tail)
         if lo == 0 and hi == self.q_rows and write_kv:
             status = lib.dfl_decoder_layer(*head)
@@ -295,99 +199,6 @@ class _LayerCall:
         if status != 0:
             raise ValueError(f"dfl_decoder_layer rejected its sizes ({self.n} x {self.q_rows} rows, rows {lo}..{hi}, "
                              f"starts {self.starts.tolist()})")
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
-    """weight * x / rms(x) over the last dim through the layer's norm (contiguous fp32 CPU x and
-    weight, `eager`), or None when it does not apply (a torch rms_norm call is ~20-60 µs here)."""
-    if not (x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
-            and weight.is_contiguous() and eager()) or library() is None:
-        return None
-    out = torch.empty_like(x)
-    n = x.shape[-1]
-    library().dfl_rms_norm(x.data_ptr(), x.numel() // n, n, weight.data_ptr(), eps, out.data_ptr())
-    return out
-
-
-def matmul_ready(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `matmul_nt` can take x [R, K] and weight [N, K]: contiguous fp32 CPU, `eager`."""
-    return (x.is_contiguous() and weight.is_contiguous() and eager()
-            and x.shape[-1] == weight.shape[-1] and library() is not None)
-
-
-def matmul_nt(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [R, K] @ weight[N, K]ᵀ -> [R, N] through the layer's row-independent projection (fp32 CPU)."""
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
-    library().dfl_matmul_nt(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), weight.shape[0], out.data_ptr())
-    return out
-
-
-# --- heads ----------------------------------------------------------------------------------------
-
-
-def head_weight(head) -> torch.Tensor | None:
-    """The weight of a head the C++ code can read: a plain bias-free nn.Linear without hooks, or a
-    non-module object with a `.weight` (the draft-vocabulary head) — fp32 on CPU; else None."""
-    if isinstance(head, nn.Module) and (type(head) is not nn.Linear or head.bias is not None
-                                        or head._forward_hooks or head._forward_pre_hooks):
-        return None
-    weight = head.weight
-    return weight if weight.dtype == torch.float32 and weight.device.type == "cpu" else None
-
-
-def _head_panels(head, weight: torch.Tensor) -> torch.Tensor:
-    """`weight` packed once as panels and cached on the head (re-packed when the weight is replaced
-    or modified in place)."""
-    cached = head.__dict__.get("_cpu_panels")
-    if cached is None or cached[0] is not weight or cached[1] != _version(weight):
-        cached = (weight, _version(weight), pack_panels(weight))
-        head.__dict__["_cpu_panels"] = cached
-    return cached[2]
-
-
-def head_matmul(x: torch.Tensor, head) -> torch.Tensor | None:
-    """x [R, K] (fp32 CPU, contiguous) @ the weight of `head` (`head_weight`)ᵀ through its cached panels
-    -> [R, N]; None when the head is not one the C++ code reads. Callers have checked `eager`."""
-    weight = head_weight(head)
-    if weight is None or library() is None or x.dtype != torch.float32 or not x.is_contiguous():
-        return None
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
-    library().dfl_matmul_panels(x.data_ptr(), x.shape[0], x.shape[1], _head_panels(head, weight).data_ptr(),
-                                weight.shape[0], out.data_ptr())
-    return out
-
-
-def head_ready(hidden: torch.Tensor, head) -> bool:
-    """Whether `hidden` [1, R, H] (one sequence, fp32 CPU) can go through the C++ greedy heads with
-    `head` (`head_weight`, `eager`, library built)."""
-    if hidden.shape[0] != 1 or hidden.dtype != torch.float32 or hidden.device.type != "cpu" or not eager():
-        return False
-    return head_weight(head) is not None and library() is not None
-
-
-def greedy_verify(hidden: torch.Tensor, head, drafts: torch.Tensor, first: int) -> tuple[torch.Tensor, int]:
-    """hidden [R, H] final-norm rows of [bonus, d_1 .. d_K], drafts [K] -> target tokens [R] (-1 after
-    the first mismatch) and the accepted count: greedy `verify_lazily` for one sequence."""
-    weight = head_weight(head)
-    panels = _head_panels(head, weight)
-    hidden, drafts = hidden.contiguous(), drafts.to(torch.int64).contiguous()
-    tokens = torch.full((hidden.shape[0],), -1, dtype=torch.int64)
-    accepted = library().dfl_greedy_verify(hidden.data_ptr(), hidden.shape[0], hidden.shape[1], panels.data_ptr(),
-                                           weight.shape[0], drafts.data_ptr(), first, tokens.data_ptr())
-    return tokens, accepted
-
-
-def greedy_drafts(hidden: torch.Tensor, head, min_confidence: float, first: int) -> torch.Tensor:
-    """hidden [K, H] draft rows -> greedy drafts [K' <= K] (indices into the head's rows) with the
-    confidence cut: `model.draft.confident_drafts` for one sequence."""
-    weight = head_weight(head)
-    panels = _head_panels(head, weight)
-    hidden = hidden.contiguous()
-    tokens = torch.empty(hidden.shape[0], dtype=torch.int64)
-    floor = math.log(min_confidence) if min_confidence > 0.0 else -math.inf
-    kept = library().dfl_greedy_drafts(hidden.data_ptr(), hidden.shape[0], hidden.shape[1], panels.data_ptr(),
-                                       weight.shape[0], floor, first, tokens.data_ptr())
-    return tokens[:kept]
 
 
 # --- one sequence's draft step --------------------------------------------------------------------
@@ -404,8 +215,8 @@ class DraftStep:
     def __init__(self, plans: list[LayerPlan], fc_panels, fc_in: int, hidden_norm, final_norm, head_panels,
                  vocab: int, vocab_ids: torch.Tensor | None, first: int):
         self.keep = (plans, fc_panels, hidden_norm.weight, final_norm.weight, head_panels, vocab_ids)
-        self.layers = (ctypes.POINTER(_Weights) * len(plans))(*(p.pointer for p in plans))
-        self.struct = _DraftStep(self.layers, len(plans), fc_panels.data_ptr(), fc_in, hidden_norm.weight.data_ptr(),
+        self.layers = (ctypes.POINTER(LayerWeights) * len(plans))(*(p.pointer for p in plans))
+        self.struct = DraftStepArgs(self.layers, len(plans), fc_panels.data_ptr(), fc_in, hidden_norm.weight.data_ptr(),
                                  hidden_norm.eps, final_norm.weight.data_ptr(), final_norm.eps, head_panels.data_ptr(),
                                  vocab, None if vocab_ids is None else vocab_ids.data_ptr(), first)
         self.pointer = ctypes.pointer(self.struct)
@@ -415,15 +226,15 @@ class DraftStep:
     def of(owner, plans: list[LayerPlan], fc: nn.Module, hidden_norm, final_norm, head, vocab_ids, first: int):
         """The step for these modules, cached on `owner` (one entry) and rebuilt when any of them (or
         their packed panels) changes; None where the C++ code does not apply (see `head_weight`)."""
-        fc_weight, head_w = head_weight(fc), head_weight(head)
+        fc_weight, head_w = cpu_ops.head_weight(fc), cpu_ops.head_weight(head)
         norms = (hidden_norm.weight, final_norm.weight)
-        if fc_weight is None or head_w is None or library() is None or not all(
+        if fc_weight is None or head_w is None or cpu_ops.library() is None or not all(
                 w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous() for w in norms):
             return None
         if vocab_ids is not None and not (vocab_ids.dtype == torch.int64 and vocab_ids.is_contiguous()
                                           and vocab_ids.numel() == head_w.shape[0]):
             return None
-        fc_panels, head_panels = _head_panels(fc, fc_weight), _head_panels(head, head_w)
+        fc_panels, head_panels = cpu_ops.head_panels(fc, fc_weight), cpu_ops.head_panels(head, head_w)
         key = (*map(id, plans), id(fc_panels), id(head_panels), *map(id, norms), hidden_norm.eps, final_norm.eps,
                id(vocab_ids), first)
         cached = owner.__dict__.get("_cpu_draft_step")
@@ -445,7 +256,7 @@ class DraftStep:
         drafts = torch.empty(width - 1, dtype=torch.int64)
         last_rows = ctypes.c_int32(0)
         floor = math.log(min_confidence) if min_confidence > 0.0 else -math.inf
-        kept = library().dfl_draft_step(
+        kept = cpu_ops.library().dfl_draft_step(
             self.pointer, block.data_ptr(), width, None if target_hidden is None else target_hidden.data_ptr(), n,
             cos.data_ptr(), sin.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(), cache.k[0].numel(), slot, start,
             cache.capacity, floor, drafts.data_ptr(), ctypes.byref(last_rows))

@@ -14,13 +14,12 @@ step's context overwrites them), so attention reads one contiguous span per row.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from dflash_trt.checkpoint.configs import DraftConfig
-from dflash_trt.model import cpu_layers
+from dflash_trt.model import cpu_layers, cpu_ops
+from dflash_trt.model.draft_heads import CONFIDENCE_FIRST, VocabHead, confident_drafts
 from dflash_trt.model.kv_cache import KVCache
 from dflash_trt.model.layers import (
     MLP,
@@ -28,7 +27,6 @@ from dflash_trt.model.layers import (
     RMSNorm,
     Rotary,
     call_linear,
-    linear,
 )
 
 
@@ -96,7 +94,7 @@ class DFlashDraft(nn.Module):
         self.fc = nn.Linear(len(config.target_layer_ids) * d.hidden_size, d.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
         self.rotary = Rotary(d.rope, d.head_dim)
-        self.vocab: tuple[torch.Tensor, _Head] | None = None  # (token ids, head rows) of a draft vocabulary (use_vocab)
+        self.vocab: tuple[torch.Tensor, VocabHead] | None = None  # (token ids, head rows) of a draft vocabulary (use_vocab)
 
     def fuse(self) -> DFlashDraft:
         """Fuse q/k/v and gate/up matmuls for inference (parameters keep their HF names)."""
@@ -238,9 +236,9 @@ class DFlashDraft(nn.Module):
         panels (the cold 0.4 MB weight streamed with prefetch: ~110 -> ~40 µs a decode step), then the
         norm; the torch path where that does not apply."""
         x = target_hidden.to(self.fc.weight.dtype).contiguous()
-        projected = cpu_layers.head_matmul(x, self.fc)
+        projected = cpu_ops.head_matmul(x, self.fc)
         norm = self.hidden_norm
-        out = None if projected is None else cpu_layers.rms_norm(projected, norm.weight, norm.eps)
+        out = None if projected is None else cpu_ops.rms_norm(projected, norm.weight, norm.eps)
         return out if out is not None else self.context_features(target_hidden).contiguous()
 
     @staticmethod
@@ -305,7 +303,7 @@ class DFlashDraft(nn.Module):
             return self
         weight = lm_head.weight.detach()
         ids = torch.tensor(token_ids, dtype=torch.int64, device=weight.device)
-        self.vocab = (ids, _Head(weight[ids].contiguous()))
+        self.vocab = (ids, VocabHead(weight[ids].contiguous()))
         return self
 
     @property
@@ -319,8 +317,8 @@ class DFlashDraft(nn.Module):
         vocab = self.vocab
         head = lm_head if vocab is None else vocab[1]
         plain = self.config.output_multiplier == 1.0 and not self.config.final_logit_softcapping
-        if plain and cpu_layers.head_ready(hidden, head):  # one sequence on CPU: the same in C++
-            drafts = cpu_layers.greedy_drafts(hidden[0], head, min_confidence, CONFIDENCE_FIRST)[None]
+        if plain and cpu_ops.head_ready(hidden, head):  # one sequence on CPU: the same in C++
+            drafts = cpu_ops.greedy_drafts(hidden[0], head, min_confidence, CONFIDENCE_FIRST)[None]
         else:
             drafts = confident_drafts(lambda lo, hi: self.logits(hidden[:, lo:hi], head), hidden.shape[1],
                                       min_confidence, CONFIDENCE_FIRST)
@@ -364,46 +362,3 @@ class DFlashDraft(nn.Module):
         x = self._block_input(noise_embedding).reshape(q, -1).contiguous()
         cos, sin = self.rotary.rows(start - n, n + q, x.dtype)
         return step(x, target_hidden, cos, sin, cache, int(slots[0]), start, min_confidence)[None]
-
-
-class _Head:
-    """A draft-vocabulary head: the target lm_head's rows of the draft vocabulary (not a parameter)."""
-
-    def __init__(self, weight: torch.Tensor):
-        self.weight = weight
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight)
-
-
-CONFIDENCE_FIRST = 6  # slots the confidence cut reads before deciding whether to read the rest
-
-
-def confident_drafts(logits_of, k: int, min_confidence: float = 0.0, first: int = CONFIDENCE_FIRST) -> torch.Tensor:
-    """Greedy drafts [B, K'] from `logits_of(lo, hi)` -> draft logits [B, hi - lo, V] of slots lo+1..hi.
-
-    With `min_confidence` <= 0: all K slots (K' = K). Otherwise the drafts stop after the last slot
-    at which some row's running product of draft probabilities (the softmax max of each slot) is
-    still >= min_confidence — the drafter's own estimate that the prefix survives verification (it
-    is well calibrated, see docs/design-notes.md) — keeping at least one. The logits are then read
-    in two chunks (`first` slots, then the rest, skipped once every row is below the threshold), and
-    the verify pass gets a narrower block. Which tokens are committed never depends on K'.
-    """
-    if min_confidence <= 0.0 or k <= 1:
-        return logits_of(0, k).argmax(dim=-1)
-    floor = math.log(min_confidence)
-    chunks, lo, kept, running = [], 0, k, None  # running: [B] log product of the slots so far
-    while lo < k:
-        hi = k if lo else min(k, first)
-        logits = logits_of(lo, hi).float()  # [B, c, V]
-        top, tokens = logits.max(dim=-1)
-        log_p = (top - torch.logsumexp(logits, dim=-1)).nan_to_num(nan=float("-inf")).cumsum(dim=1)
-        if running is not None:
-            log_p = log_p + running[:, None]
-        chunks.append(tokens)
-        n = int((log_p >= floor).sum(dim=1).max())  # slots some row still trusts (a prefix per row)
-        if n < hi - lo:
-            kept = max(1, lo + n)
-            break
-        running, lo = log_p[:, -1], hi
-    return torch.cat(chunks, dim=1)[:, :kept]

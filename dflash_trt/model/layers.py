@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dflash_trt.checkpoint.configs import RopeConfig, TransformerDims
-from dflash_trt.model import cpu_layers
+from dflash_trt.model import cpu_ops
 
 
 class RMSNorm(nn.Module):
@@ -24,7 +24,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            if x.device.type == "cpu" and x.numel() and (out := cpu_layers.rms_norm(x, self.weight, self.eps)) is not None:
+            if x.device.type == "cpu" and x.numel() and (out := cpu_ops.rms_norm(x, self.weight, self.eps)) is not None:
                 return out  # the C++ layer's norm: one call instead of torch's ~6 ops
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one op; same bits as below in fp32
         dtype = x.dtype
@@ -41,7 +41,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     With a few rows, MKL's x @ Wᵀ packs the whole weight first (an extra pass over it). Decode steps
     read cold weights, so that pass is most of the time. These rows go through the C++ layer's
-    projection (model/cpu_layers.py: a 4096 x 192 lm_head at 1 / 4 rows 418 / 593 µs -> 231 / 381 µs),
+    projection (model/cpu_ops.py: a 4096 x 192 lm_head at 1 / 4 rows 418 / 593 µs -> 231 / 381 µs),
     or, without its library, 2..4 rows through (W @ xᵀ)ᵀ (the verify block's first lm_head chunk
     ~650 -> ~490 µs, a DFlash step ~6% less). From 5 rows the usual path is as fast or faster.
     """
@@ -49,8 +49,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if (bias is None and 1 <= rows <= SMALL_ROWS[1] and x.device.type == "cpu"
             and x.dtype == torch.float32 and weight.dtype == torch.float32):
         flat = x.reshape(rows, x.shape[-1])
-        if cpu_layers.matmul_ready(flat, weight):
-            return cpu_layers.matmul_nt(flat, weight).view(*x.shape[:-1], weight.shape[0])
+        if cpu_ops.matmul_ready(flat, weight):
+            return cpu_ops.matmul_nt(flat, weight).view(*x.shape[:-1], weight.shape[0])
         if rows >= SMALL_ROWS[0]:
             out = torch.mm(weight, flat.t()).t().contiguous()
             return out.view(*x.shape[:-1], weight.shape[0])

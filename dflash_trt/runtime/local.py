@@ -15,7 +15,7 @@ from dflash_trt.decoding.decode import DecodeTimings, speculative_generate
 from dflash_trt.decoding.requests import GenerationResult, OnCommit, Request
 from dflash_trt.decoding.stats import DecodeStats
 from dflash_trt.errors import ConfigError
-from dflash_trt.model import cpu_layers
+from dflash_trt.model import cpu_ops
 from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.model.loader import DTYPES, load_draft, load_target
 from dflash_trt.model.target import Target
@@ -74,7 +74,7 @@ def load_pair(target_dir, draft_dir=None, dtype: str = "auto", device: str = "au
     target = load_target(target_ckpt, torch_dtype, dev)
     tokenizer = load_tokenizer(target_dir) if has_tokenizer(target_dir) else None
     if dev.type == "cpu" and torch_dtype == torch.float32:
-        cpu_layers.library()  # build (or load) the C++ layer now, not inside the first request
+        cpu_ops.library()  # build (or load) the C++ layer now, not inside the first request
     return LoadedPair(target, draft, tokenizer, Path(target_dir), Path(draft_dir) if draft_dir else None)
 
 

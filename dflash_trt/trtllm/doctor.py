@@ -133,14 +133,14 @@ def probe_cpu_layers() -> list[dict]:
     import os
     import warnings
 
-    from dflash_trt.model import cpu_layers
+    from dflash_trt.model import cpu_ops
 
-    if os.environ.get(cpu_layers.ENV, "1") == "0":
-        return [row("C++ CPU layer", "warn", detail=f"turned off ({cpu_layers.ENV}=0): CPU passes run eager torch",
-                    fix=f"unset {cpu_layers.ENV}")]
+    if os.environ.get(cpu_ops.ENV, "1") == "0":
+        return [row("C++ CPU layer", "warn", detail=f"turned off ({cpu_ops.ENV}=0): CPU passes run eager torch",
+                    fix=f"unset {cpu_ops.ENV}")]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        handle = cpu_layers.library()
+        handle = cpu_ops.library()
     if handle is None:
         reason = str(caught[-1].message) if caught else "not built"
         return [row("C++ CPU layer", "missing", detail=f"CPU runtime passes fall back to eager torch: {reason}",

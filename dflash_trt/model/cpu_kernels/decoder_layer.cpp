@@ -720,7 +720,7 @@ int32_t dfl_greedy_verify(const float* hidden, int32_t rows, int32_t h, const fl
   return rows - 1;
 }
 
-// Greedy drafts of one block with the confidence cut (model.draft.confident_drafts for one row):
+// Greedy drafts of one block with the confidence cut (model.draft_heads.confident_drafts for one row):
 // tokens [k] = argmax of each slot's head row (indices into the head's rows). With log_floor = -inf
 // every slot is kept; otherwise slots are read in chunks (first, then the rest) and the drafts stop
 // after the last slot whose running sum of log top-probabilities is >= log_floor (at least one).
