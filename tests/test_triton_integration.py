@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from dflash_trt.decoding.autoregressive import autoregressive_generate
-from dflash_trt.engine.build import build_bundle
 from dflash_trt.engine.config import load_build_config
 from dflash_trt.errors import RequestError
+from dflash_trt.runtime import backends
 from dflash_trt.triton.client import grpc_generate, http_generate, request_inputs
 from dflash_trt.triton.protocol import parse_request
 from dflash_trt.triton.repository import publish
@@ -36,10 +36,10 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
     cfg = load_build_config(ROOT / "build_configs" / "tiny-cpu.yaml")
     cfg = replace(cfg, output=str(root / "bundle"), repository=str(root / "repo"))
-    bundle, manifest, _ = build_bundle(cfg, log=lambda m: None)
+    bundle, manifest, _ = backends.build(cfg, log=lambda m: None)
     repo = publish(bundle, root / "repo")
     server = TritonServer(repo, log_path=root / "server.log").start(timeout=180)
-    from dflash_trt.engine.build import load_bundle
+    from dflash_trt.engine.torch_backend import load_bundle
 
     _, pair = load_bundle(bundle, device="cpu")
     yield server, pair, manifest

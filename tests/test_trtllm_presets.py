@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from dflash_trt.engine.config import load_build_config
 from dflash_trt.engine.regress import can_build, regress_one
 from dflash_trt.errors import MissingDependencyError
+from dflash_trt.runtime import backends
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = {
@@ -33,7 +34,7 @@ def test_preset_loads_and_names_its_downloads(name, monkeypatch, tmp_path):
         assert f"huggingface-cli download {repo} --local-dir models/" in text
     monkeypatch.setitem(sys.modules, "tensorrt_llm", None)
     assert "tensorrt_llm not installed" in can_build(cfg)
-    outcome = regress_one(path, tmp_path, update=False)
+    outcome = regress_one(path, tmp_path, update=False, build=backends.build)
     assert outcome.status == "skip"
 
 

@@ -13,12 +13,12 @@ import click
               help="Also render the Triton repository named by the config's `repository`.")
 def build_command(config, publish):
     """convert -> build -> bundle (manifest, hashes, golden outputs) -> publish; atomic and reused when unchanged."""
-    from dflash_trt.engine.build import build_bundle
     from dflash_trt.engine.config import load_build_config
+    from dflash_trt.runtime.backends import build
     from dflash_trt.triton.repository import publish as publish_repo
 
     cfg = load_build_config(config)
-    path, manifest, reused = build_bundle(cfg, log=lambda m: click.echo(m, err=True))
+    path, manifest, reused = build(cfg, log=lambda m: click.echo(m, err=True))
     golden = manifest["golden"]
     click.echo(f"bundle: {path} ({'reused' if reused else 'built'}, {manifest['size_bytes'] / 1e6:.1f} MB, "
                f"golden τ {golden['mean_acceptance_length']:.2f})")
@@ -45,11 +45,12 @@ def publish_command(bundle, repository, device, max_batch_size):
 def regress_command(configs, baselines, update):
     """Rebuild every preset this machine can build (default: build_configs/*.yaml); fail on any regression."""
     from dflash_trt.engine.regress import print_table, regress_one
+    from dflash_trt.runtime.backends import build
 
     paths = [Path(c) for c in configs] or sorted(Path("build_configs").glob("*.yaml"))
     if not paths:
         raise click.UsageError("no configs given and none in build_configs/")
-    outcomes = [regress_one(p, Path(baselines), update, log=lambda m: click.echo(m, err=True)) for p in paths]
+    outcomes = [regress_one(p, Path(baselines), update, build, log=lambda m: click.echo(m, err=True)) for p in paths]
     print_table(outcomes)
     failed = [o.name for o in outcomes if o.status == "fail"]
     if failed:

@@ -14,7 +14,6 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dflash_trt.engine.build import build_bundle
 from dflash_trt.engine.config import BuildConfig, load_build_config
 from dflash_trt.errors import MissingDependencyError, UnsupportedModelError
 
@@ -74,7 +73,9 @@ def can_build(cfg: BuildConfig) -> str | None:
     return None
 
 
-def regress_one(config_path: Path, baselines: Path, update: bool, log=print) -> Outcome:
+def regress_one(config_path: Path, baselines: Path, update: bool, build, log=print) -> Outcome:
+    """Rebuild one preset with `build(cfg, log) -> (path, manifest, reused)` (runtime.backends.build) and
+    compare it with its baseline."""
     cfg = load_build_config(config_path)
     reason = can_build(cfg)
     if reason:
@@ -82,7 +83,7 @@ def regress_one(config_path: Path, baselines: Path, update: bool, log=print) -> 
     with tempfile.TemporaryDirectory(prefix="dflash-regress-") as tmp:
         fresh = replace(cfg, output=str(Path(tmp) / cfg.name))  # always a real rebuild, never a reuse
         try:
-            _, manifest, _ = build_bundle(fresh, log=log)
+            _, manifest, _ = build(fresh, log=log)
         except (MissingDependencyError, UnsupportedModelError) as exc:
             return Outcome(cfg.name, "skip", [exc.format_message()])
     new = baseline_of(manifest)

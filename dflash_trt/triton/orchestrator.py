@@ -152,15 +152,14 @@ class ResponseStream:
 
 class Orchestrator:
     def __init__(self, pb, args: dict):
-        from dflash_trt.engine.build import load_bundle
+        from dflash_trt.engine.bundle import verify_bundle
+        from dflash_trt.runtime.backends import open_runners
 
         self.pb = pb
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         if not pb.using_decoupled_model_transaction_policy(config):
             raise pb.TritonModelException("the dflash model must be decoupled (model_transaction_policy)")
-        from dflash_trt.engine.bundle import verify_bundle
-
         manifest = verify_bundle(params["bundle_path"])
         runtime = manifest["config"]["runtime"]
         block_size = 1 if params.get("mode") == "autoregressive" else manifest["block_size"]
@@ -172,31 +171,10 @@ class Orchestrator:
         self.metrics = Metrics(pb, self.limits.block_size, config["name"])
         self.emitter = Emitter()
         on_step = lambda step: self.emitter.post(lambda: self.metrics.on_step(step))  # noqa: E731
-        if manifest.get("backend") == "trtllm":
-            self._open_engines(params["bundle_path"], on_step)
-        else:
-            _, pair = load_bundle(params["bundle_path"], device=params.get("device") or None, verify=False)
-            self.tokenizer, self.vocab_size = pair.tokenizer, pair.target.config.vocab_size
-            self.eos_ids = _eos(pair.target.config.eos_token_ids, pair.tokenizer)
-            self.service = DFlashService(pair, self.limits, on_step=on_step)
-
-    def _open_engines(self, bundle: str, on_step) -> None:
-        """trtllm bundles: TensorRT-LLM target + TensorRT draft runners under the same scheduler."""
-        from pathlib import Path
-
-        from dflash_trt.tokenizer import has_tokenizer, load_tokenizer
-        from dflash_trt.trtllm.runner import load_trtllm_runners
-
-        target, draft = load_trtllm_runners(bundle, self.limits.max_batch_size)
-        if self.limits.block_size == 1:
-            draft = None
-        folder = Path(bundle) / "target"
-        self.tokenizer = load_tokenizer(folder) if has_tokenizer(folder) else None
-        self.vocab_size = target.vocab_size
-        self.eos_ids = _eos((), self.tokenizer)
-        detokenize = (lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)) if self.tokenizer else None
-        self.service = DFlashService(None, self.limits, on_step=on_step, runners=(target, draft),
-                                     detokenize=detokenize)
+        runners = open_runners(params["bundle_path"], self.limits, params.get("device") or None, manifest)
+        self.tokenizer, self.vocab_size, self.eos_ids = runners.tokenizer, runners.vocab_size, runners.eos_ids
+        self.service = DFlashService(None, self.limits, on_step=on_step, runners=(runners.target, runners.draft),
+                                     detokenize=runners.detokenize)
 
     def detokenize(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -229,13 +207,6 @@ class Orchestrator:
     def finalize(self) -> None:
         self.service.shutdown()
         self.emitter.close()
-
-
-def _eos(config_eos, tokenizer) -> frozenset[int]:
-    ids = set(config_eos)
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return frozenset(ids)
 
 
 def _cancel_check(request, sender):

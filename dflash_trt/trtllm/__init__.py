@@ -12,7 +12,7 @@ package and the pinned version). Design, pins and upstream references: docs/trtl
     sessions      onnxruntime (CPU) and TensorRT (GPU) sessions with one `run` signature
     draft_runner  DraftRunner over a session (onnxruntime in CI, TensorRT engines on GPUs)
     target_build  trtllm-build invocation for the target engine; target_model_cls: its model class
-    build         build_trtllm_bundle(cfg, tmp_dir, log), called by engine/build.py
+    build         TrtllmBackend: fills a bundle folder (engine/backend.py's contract)
     runner        TrtllmTargetRunner over TensorRT-LLM's Executor; load_trtllm_runners
     golden        golden outputs decoded through any runner pair (the serving path)
     llmapi        Triton `llmapi` repository for TensorRT-LLM's native DFlash

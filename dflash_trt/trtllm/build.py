@@ -10,7 +10,8 @@ pair's dims, the draft graph spec, the target's model-class settings and the trt
 3. export the drafter to ONNX (tmp_dir/draft) and compile both graphs with TensorRT;
 4. write dflash_engine.json, decode the golden prompts through the built engines with the scheduler.
 
-It returns {"pair_info", "golden", "versions"} for engine/bundle.py's manifest.
+`TrtllmBackend` is this backend's side of the build contract (engine/backend.py): `engine.build.build_bundle`
+checks, reuses and writes the manifest; `fill` returns what the manifest records.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_trt.checkpoint.hf import check_pair, read_draft, read_target
+from dflash_trt.engine.backend import FilledBundle, Log
 from dflash_trt.engine.config import BuildConfig
 from dflash_trt.errors import ConfigError, UnsupportedModelError
 from dflash_trt.trtllm import versions
@@ -102,7 +104,7 @@ def plan_trtllm_build(cfg: BuildConfig, tmp_dir: str | Path) -> TrtllmPlan:
 
 
 def pair_info(plan: TrtllmPlan) -> dict:
-    """The manifest fields engine/build.py's `pair_info` writes for the torch backend, plus trtllm's."""
+    """The manifest fields the torch backend writes (engine/torch_backend.py `pair_info`), plus trtllm's."""
     s = plan.draft_spec
     return {
         "block_size": plan.block_size,
@@ -129,8 +131,15 @@ def write_engine_config(tmp_dir: Path, plan: TrtllmPlan, library: Path) -> dict:
     return config
 
 
-def build_trtllm_bundle(cfg: BuildConfig, tmp_dir: str | Path, log=print) -> dict:
-    """Fill `tmp_dir` with the trtllm bundle files; returns {"pair_info", "golden", "versions"}."""
+class TrtllmBackend:
+    name = "trtllm"
+
+    def fill(self, cfg: BuildConfig, tmp: Path, log: Log) -> FilledBundle:
+        return build_trtllm_bundle(cfg, tmp, log)
+
+
+def build_trtllm_bundle(cfg: BuildConfig, tmp_dir: str | Path, log: Log = print) -> FilledBundle:
+    """Fill `tmp_dir` with the trtllm bundle files (engines, plugin, draft graphs, dflash_engine.json)."""
     for module in ("tensorrt_llm", "tensorrt", "onnx"):
         versions.require(module, PURPOSE)
     from dflash_trt.trtllm import build_steps
@@ -147,4 +156,4 @@ def build_trtllm_bundle(cfg: BuildConfig, tmp_dir: str | Path, log=print) -> dic
         golden = build_steps.golden(cfg, plan, tmp_dir, log)
     finally:
         shutil.rmtree(plan.checkpoint_dir, ignore_errors=True)
-    return {"pair_info": pair_info(plan), "golden": golden, "versions": installed_versions()}
+    return FilledBundle(pair_info(plan) | {"format": "trtllm-engines"}, golden, installed_versions())

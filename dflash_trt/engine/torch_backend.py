@@ -1,0 +1,96 @@
+"""Backend `torch`: bundles the HF target and z-lab drafter as they are, or quantized.
+
+Unquantized, target/ and draft/ are the HF folders; quantized (FP8 / NVFP4 / FP8 KV), they are the
+TensorRT-LLM checkpoint pair from the convert stage, which the torch runtime runs dequantized with
+simulated activation / KV quantization — the very artifact a GPU engine build consumes. Dtype and
+device are load settings recorded in the config. `load_bundle` opens such a bundle as a torch pair.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from dflash_trt.engine import bundle as bundles
+from dflash_trt.engine.backend import FilledBundle, Log
+from dflash_trt.engine.config import BuildConfig
+from dflash_trt.engine.golden import compute_golden, prompt_ids
+from dflash_trt.errors import ConfigError
+from dflash_trt.runtime.local import LoadedPair, apply_draft_vocab, load_pair
+
+HF_FORMAT, TRTLLM_FORMAT = "hf", "trtllm-checkpoint"
+
+
+class TorchBackend:
+    name = "torch"
+
+    def fill(self, cfg: BuildConfig, tmp: Path, log: Log) -> FilledBundle:
+        fmt = _stage_weights(cfg, tmp, log)
+        pair = _load_staged(tmp, fmt, "fp32" if cfg.dtype == "auto" else cfg.dtype, "cpu", cfg.runtime.draft_vocab_size)
+        block_size = cfg.block_size or pair.draft.config.block_size
+        log(f"golden outputs ({len(cfg.golden.prompts)} prompt entries, {cfg.golden.max_new_tokens} tokens)")
+        prompts = prompt_ids(cfg.golden.prompts, pair.tokenizer, cfg.source)
+        golden = compute_golden(pair, prompts, cfg.golden.max_new_tokens, block_size)
+        return FilledBundle(pair_info(pair, block_size) | {"format": fmt}, golden)
+
+
+def _quantized(cfg: BuildConfig) -> bool:
+    return cfg.quant != "none" or cfg.kv_cache == "fp8"
+
+
+def _stage_weights(cfg: BuildConfig, tmp: Path, log: Log) -> str:
+    """Put what the runtime loads into tmp/target and tmp/draft; returns the bundle's weight format."""
+    if not _quantized(cfg):
+        log(f"copying target {cfg.target_path()} and drafter {cfg.draft_path()}")
+        bundles.copy_model(cfg.target_path(), tmp / "target")
+        bundles.copy_model(cfg.draft_path(), tmp / "draft")
+        return HF_FORMAT
+    from dflash_trt.convert import ConvertConfig, convert
+
+    log(f"converting to a TensorRT-LLM checkpoint pair (quant {cfg.quant}, kv cache {cfg.kv_cache})")
+    dtype = "bf16" if cfg.dtype == "auto" else cfg.dtype
+    result = convert(ConvertConfig(str(cfg.target_path()), str(cfg.draft_path()), str(tmp / "checkpoint"), dtype=dtype,
+                                   quant=cfg.quant, kv_cache="fp8" if cfg.kv_cache == "fp8" else "none", tp=cfg.tp))
+    for kind in ("target", "draft"):
+        (result.out / kind).rename(tmp / kind)
+    shutil.rmtree(result.out)
+    return TRTLLM_FORMAT
+
+
+def _load_staged(folder: Path, fmt: str, dtype: str, device: str, draft_vocab_size=None) -> LoadedPair:
+    if fmt == TRTLLM_FORMAT:
+        from dflash_trt.runtime.tp import load_trtllm_pair
+
+        pair = load_trtllm_pair(folder / "target", folder / "draft", dtype=dtype, device=device, simulate=True)
+    else:
+        pair = load_pair(folder / "target", folder / "draft", dtype, device)
+    return apply_draft_vocab(pair, draft_vocab_size)
+
+
+def pair_info(pair: LoadedPair, block_size: int) -> dict:
+    d = pair.draft.config
+    return {
+        "block_size": block_size,
+        "mask_token_id": d.mask_token_id,
+        "target_layer_ids": list(d.target_layer_ids),
+        "target": {"family": pair.target.config.family, "vocab_size": pair.target.config.vocab_size,
+                   "num_layers": pair.target.config.dims.num_layers},
+        "draft": {"num_layers": d.dims.num_layers, "trained_block_size": d.block_size},
+        "has_tokenizer": pair.tokenizer is not None,
+    }
+
+
+def load_bundle(path: str | Path, dtype: str | None = None, device: str | None = None, verify: bool = True):
+    """Verify a torch bundle's hashes and load its pair; returns (manifest, LoadedPair)."""
+    path = Path(path)
+    manifest = bundles.verify_bundle(path) if verify else bundles.read_manifest(path)
+    if manifest.get("format_version") != bundles.FORMAT_VERSION:
+        raise ConfigError(f"{path / 'manifest.json'}: field 'format_version': {manifest.get('format_version')} "
+                          f"is not {bundles.FORMAT_VERSION}; rebuild with this dflash-trt")
+    if manifest.get("backend", "torch") != "torch":
+        raise ConfigError(f"{path}: a {manifest['backend']} bundle is served through its own runners "
+                          "(dflash_trt.runtime.backends.open_runners), not loaded as a torch pair")
+    config = manifest["config"]
+    pair = _load_staged(path, manifest.get("format", HF_FORMAT), dtype or config["dtype"],
+                        device or config["runtime"]["device"], config["runtime"].get("draft_vocab_size"))
+    return manifest, pair
