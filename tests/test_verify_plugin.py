@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from dflash_trt import host_build
 from dflash_trt.decoding.sampling import gumbel, log_f32, sample_tokens, seed_as_int64, survivors
 from dflash_trt.decoding.verify import verify_block
-from dflash_trt.kernels import host_build, twin
+from dflash_trt.kernels import twin
 from dflash_trt.kernels import verify as dispatch
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "dflash_verify"

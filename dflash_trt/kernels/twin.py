@@ -14,10 +14,23 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from pathlib import Path
 
 import torch
 
-from dflash_trt.kernels import host_build
+from dflash_trt import host_build
+
+# The verify plugin's two host builds. Both use -ffp-contract=off: every a*b+c stays two roundings,
+# like __fmul_rn / __fadd_rn in the kernels. The emulator needs only the CUDA toolkit's headers.
+PLUGIN_DIR = Path(__file__).resolve().parents[2] / "plugins" / "dflash_verify"
+HEADERS = ("include/dflash_verify/sampling_rule.h", "include/dflash_verify/verify_args.h",
+           "include/dflash_verify/row_select.h", "include/dflash_verify/verify.h")
+COMMON_FLAGS = ("-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-Wall", "-Wextra", "-Werror")
+TWIN = host_build.HostLibrary("libdflash_verify_twin.so", "twin/verify_twin.cpp", ("twin/verify_twin.cpp", *HEADERS),
+                              (*COMMON_FLAGS, "-O2"), PLUGIN_DIR)
+EMULATOR = host_build.HostLibrary("libdflash_verify_emu.so", "twin/cta_emulator.cpp",
+                                  ("twin/cta_emulator.cpp", "src/verify_kernels.cu", *HEADERS),
+                                  (*COMMON_FLAGS, "-O1", "-Wno-unknown-pragmas"), PLUGIN_DIR, needs_cuda_headers=True)
 
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
@@ -45,13 +58,13 @@ def _load(lib: host_build.HostLibrary, signatures: dict) -> ctypes.CDLL:
 @functools.cache
 def library() -> ctypes.CDLL:
     """The twin library (built on first use)."""
-    return _load(host_build.TWIN, _SIGNATURES)
+    return _load(TWIN, _SIGNATURES)
 
 
 @functools.cache
 def emulator() -> ctypes.CDLL:
     """The CTA emulator library (built on first use; needs the CUDA headers)."""
-    return _load(host_build.EMULATOR, {"dfv_emu_verify": _VERIFY})
+    return _load(EMULATOR, {"dfv_emu_verify": _VERIFY})
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:

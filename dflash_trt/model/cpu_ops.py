@@ -6,7 +6,7 @@ so a verify row equals a one-token decode row bit for bit. Ops return None (or t
 `*_ready`) when they do not apply: non-fp32 or non-CPU tensors, autograd or graph recording (`eager`),
 or no library. `DFLASH_TRT_CPU_LAYERS=0` turns the library off; without a C++ compiler it is off
 with one warning. It is built with g++ -O3 -march=native on first use (a few seconds) and cached
-(kernels/host_build.py). The decoder layers that use it are in cpu_layers.py.
+(host_build.py). The decoder layers that use it are in cpu_layers.py.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dflash_trt import host_build
 from dflash_trt.errors import MissingDependencyError
 
 ENV = "DFLASH_TRT_CPU_LAYERS"
@@ -66,14 +67,9 @@ _SIGNATURES = {  # name: (restype, argtypes)
 
 def build_library(flags: tuple[str, ...] = FLAGS, cpu_specific: bool = True) -> ctypes.CDLL:
     """Compile (or reuse the cached build of) decoder_layer.cpp with `flags` and load it."""
-    from dflash_trt.kernels.host_build import (  # not at import: kernels imports the model
-        HostLibrary,
-        build,
-    )
-
-    spec = HostLibrary("libdflash_cpu_layer.so", "decoder_layer.cpp", ("decoder_layer.cpp",), flags,
+    spec = host_build.HostLibrary("libdflash_cpu_layer.so", "decoder_layer.cpp", ("decoder_layer.cpp",), flags,
                        root=SOURCE_DIR, cpu_specific=cpu_specific)
-    handle = ctypes.CDLL(str(build(spec)))
+    handle = ctypes.CDLL(str(host_build.build(spec)))
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(handle, name)
         fn.restype, fn.argtypes = restype, argtypes

@@ -281,7 +281,7 @@ def features_cache_file(target_folder: str, taps: tuple[int, ...], tokens: torch
     digest.update(json.dumps(list(taps)).encode())
     digest.update(str(tuple(tokens.shape)).encode())
     digest.update(tokens.to(torch.int64).contiguous().numpy().tobytes())
-    from dflash_trt.kernels.host_build import cache_home
+    from dflash_trt.host_build import cache_home
 
     return cache_home() / "train_features" / f"{digest.hexdigest()[:32]}.safetensors"
 

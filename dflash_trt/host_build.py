@@ -1,14 +1,9 @@
 """Compile host-side C++ libraries with plain g++ (no torch extension, no nvcc), loaded with ctypes.
 
-The verify plugin's two test libraries (and model/cpu_layers.py's decoder layer), each cached under
-``$DFLASH_TRT_CACHE_DIR`` (default ~/.cache/dflash_trt) in a folder named by a hash of its sources
-and flags, so an edit to any source rebuilds it:
-
-- ``TWIN``: twin/verify_twin.cpp, the kernels' row code (row_select.h) on one host thread;
-- ``EMULATOR``: twin/cta_emulator.cpp, src/verify_kernels.cu itself with every CUDA thread of a
-  block run as a fiber; needs only the CUDA toolkit's headers (cuda_runtime.h, cuda_fp16.h).
-
-The verify libraries are built with -ffp-contract=off: every a*b+c stays two roundings, like __fmul_rn/__fadd_rn.
+Used by the verify plugin's CPU twin and CTA emulator (kernels/twin.py) and by the C++ CPU decoder
+layer (model/cpu_ops.py). Each library is cached under ``$DFLASH_TRT_CACHE_DIR`` (default
+~/.cache/dflash_trt) in a folder named by a hash of its sources and flags, so an edit to any source
+rebuilds it. A bottom-level module: it imports nothing of dflash-trt but the error family.
 """
 
 from __future__ import annotations
@@ -25,11 +20,6 @@ from pathlib import Path
 
 from dflash_trt.errors import MissingDependencyError
 
-PLUGIN_DIR = Path(__file__).resolve().parents[2] / "plugins" / "dflash_verify"
-HEADERS = ("include/dflash_verify/sampling_rule.h", "include/dflash_verify/verify_args.h",
-           "include/dflash_verify/row_select.h", "include/dflash_verify/verify.h")
-COMMON_FLAGS = ("-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-Wall", "-Wextra", "-Werror")
-
 
 @dataclass(frozen=True)
 class HostLibrary:
@@ -37,16 +27,9 @@ class HostLibrary:
     main: str  # source compiled, relative to root
     sources: tuple[str, ...]  # everything hashed, relative to root
     flags: tuple[str, ...]
+    root: Path  # main, sources and the include folder are relative to it
     needs_cuda_headers: bool = False
-    root: Path = PLUGIN_DIR  # main, sources and the include folder are relative to it
     cpu_specific: bool = False  # built with -march=native: the cache key includes this CPU's flags
-
-
-TWIN = HostLibrary("libdflash_verify_twin.so", "twin/verify_twin.cpp", ("twin/verify_twin.cpp", *HEADERS),
-                   (*COMMON_FLAGS, "-O2"))
-EMULATOR = HostLibrary("libdflash_verify_emu.so", "twin/cta_emulator.cpp",
-                       ("twin/cta_emulator.cpp", "src/verify_kernels.cu", *HEADERS),
-                       (*COMMON_FLAGS, "-O1", "-Wno-unknown-pragmas"), needs_cuda_headers=True)
 
 
 def cache_home() -> Path:
