@@ -69,7 +69,7 @@ echo "torch op: $OP_LIB (via $OP_SOURCE)"
 
 step "tests (kernel vs reference, twin vs reference, dispatch)"
 TEST_STATUS=0
-"$PYTHON" -m pytest -q -rs tests/test_verify_plugin.py tests/test_kernel_dispatch.py \
+"$PYTHON" -m pytest -q -rs tests/test_verify_plugin.py tests/test_verify_kernel_gpu.py tests/test_kernel_dispatch.py \
   --junitxml="$OUT_DIR/pytest.xml" 2>&1 | tee "$OUT_DIR/pytest.log" || TEST_STATUS=$?
 
 step "micro-benchmark"

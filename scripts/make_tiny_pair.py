@@ -60,6 +60,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its model-card writer, beside it
+from tiny_pair_cards import write_cards  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "dflash_trt" / "assets"
 SPECIALS = ["<|endoftext|>", "<|mask|>"]
@@ -324,7 +327,7 @@ def main() -> None:
             cut_prompts(args.work, held_files, 64, 64, args.seed + 1, "heldout_prompts.jsonl")
         elif stage == "measure":
             log["measured"] = measure(args.work)
-            write_cards(args.work, log)
+            write_cards(args.work, log, TARGET_SHAPE)
         log.setdefault("seconds", {})[stage] = round(time.perf_counter() - t0)
         log_path.write_text(json.dumps(log, indent=2))
         print(f"stage {stage}: {log['seconds'][stage]} s", flush=True)
@@ -355,78 +358,6 @@ def measure(work: Path, prompts: int = 32, new_tokens: int = 128) -> dict:
                   f"{r.spec_tokens_per_s:.1f} tok/s, AR {r.ar_tokens_per_s:.1f} tok/s, speed-up {r.speedup:.2f}x, "
                   f"identical {r.identical}", flush=True)
     return out
-
-
-def write_cards(work: Path, log: dict) -> None:
-    """Model cards (README.md) for both folders: data, sizes, steps, measured acceptance."""
-    m, t, d, data = log["measured"], log["target"], log["draft"], log["data"]
-    record = json.loads((work / "draft" / "dflash_trt_draft_vocab.json").read_text())
-    vocab = {"n": len(record["token_ids"]), "recommended": record["recommended_size"]}
-    table = "\n".join(
-        f"| {b.split('_')[1]} | {v.get('confidence', 0.0) or 'full blocks'} | {v['mean_acceptance_length']:.2f} | "
-        f"{v['spec_tokens_per_s']:.1f} | {v['ar_tokens_per_s']:.1f} | {v['speedup']:.2f}x | {v['identical']} |"
-        for b, v in m.items())
-    measured = ("| block size | draft confidence | τ | DFlash tok/s | AR tok/s | speed-up | identical |\n"
-                "|---|---|---|---|---|---|---|\n"
-                + table + "\n\nGreedy, batch 1, fp32, one CPU thread, on 32 held-out prompts x 128 new tokens "
-                "(`dflash_trt/assets/heldout_prompts.jsonl`); `dflash-trt bench` reproduces it.")
-    source = (f"Python {data['stdlib']} standard library sources ({data['train_files']} training files, "
-              f"{data.get('train_tokens', '?')} tokens; {data['heldout_files']} files held out by path hash)")
-    reproduce = "`python scripts/make_tiny_pair.py --stage all --seed 0`"
-    upscaled = ""
-    if t.get("init"):
-        first = log.get("target_init") or {}
-        made = (f" ({first['steps']} steps from scratch, {first['seconds']} s, final loss {first['final_loss']:.2f})"
-                if {"steps", "seconds", "final_loss"} <= first.keys() else "")
-        upscaled = (f", starting from a trained {t.get('init_layers', '?')}-layer target{made} whose layers were "
-                    f"repeated (depth up-scaling, `--target-init`); both runs are in `make_log.json`")
-        reproduce = f"`{t.get('command', 'python scripts/make_tiny_pair.py --target-init DIR ...')}` (see make_log.json)"
-    (work / "target" / "README.md").write_text(f"""# tiny-qwen3 (dflash-trt's embedded default target)
-
-A Qwen3-architecture causal LM trained from scratch for dflash-trt's tests, quickstart and benchmarks.
-
-- architecture: Qwen3ForCausalLM, {t.get('layers', TARGET_SHAPE['num_hidden_layers'])} layers, hidden {TARGET_SHAPE['hidden_size']},
-  {TARGET_SHAPE['num_attention_heads']} heads / {TARGET_SHAPE['num_key_value_heads']} KV heads, head_dim {TARGET_SHAPE['head_dim']},
-  MLP {TARGET_SHAPE['intermediate_size']}, tied embeddings, vocab 4096; {t['params'] / 1e6:.2f} M parameters, stored in bf16
-- tokenizer: byte-level BPE (vocab 4096) trained on the same data; `<|endoftext|>` = 0 (EOS), `<|mask|>` = 1
-  (DFlash mask token); no chat template (it is a code model)
-- data: {source}
-- training: {t['steps']} steps x {t['batch']} x {t['seq_len']} tokens, AdamW (lr {t.get('lr', 3e-3):g}, cosine), final loss {t['final_loss']:.2f},
-  {t['seconds']} s on the 2-core CPU dev machine{upscaled}
-- reproduce: {reproduce}
-
-Not a useful language model: a small, fast, real target whose greedy continuations a drafter can learn.
-""")
-    continued, history = "", log.get("draft_history", []) if d.get("init") else []
-    if history:
-        made = "; ".join(f"{r.get('layers', '?')} layer(s), {r['steps']} steps, lr {r.get('lr', '?')}, "
-                         f"{r.get('samples', '?')} samples, {r['seconds']:.0f} s"
-                         for r in history if {"steps", "seconds"} <= r.keys())
-        grew = (f", grown to {d['layers']} layers (new layers start as the identity)"
-                if history[-1].get("layers") and history[-1]["layers"] != d.get("layers") else "")
-        continued = (f" (lr {d.get('lr', '?')}), continuing earlier runs ({made}){grew} "
-                     f"(`--draft-init`; every run in make_log.json)")
-    runs = [r.get("command") for r in [*history, d] if r.get("command")]
-    reproduce_draft = ", then (the previous run's `draft/` moved to the `--draft-init` path) ".join(f"`{c}`" for c in runs)
-    reproduce_draft = reproduce_draft or "`python scripts/make_tiny_pair.py --stage all --seed 0`"
-    (work / "draft" / "README.md").write_text(f"""# tiny-qwen3-dflash (dflash-trt's embedded default drafter)
-
-A DFlash drafter (z-lab format: `DFlashDraftModel`, `dflash_config`) for tiny-qwen3, trained with
-`dflash-trt train-draft --regenerate`; it loads in dflash-trt and in z-lab's `dflash==0.1.0`.
-
-- {d.get('layers', '?')} draft layer(s), block_size 16, target_layer_ids and mask_token_id in config.json
-- data: {d.get('samples', '?')} prompts of 64 tokens cut from the training files, continued greedily by the target
-  (192 new tokens each); the prompts are one seeded stream, so a run on more samples starts with an earlier run's
-- training: {d['steps']} steps, final loss {d['final_loss']:.3f}, {d['seconds']:.0f} s{continued}; settings in
-  `dflash_trt_train.json`
-- reproduce: {reproduce_draft}
-- draft vocabulary: `dflash_trt_draft_vocab.json` ranks the {vocab['n']} distinct tokens it was trained to propose;
-  the recommended {vocab['recommended']} cover 99.9% of them (`runtime.draft_vocab_size`, `--draft-vocab auto`; lossless)
-
-## Measured acceptance
-
-{measured}
-""")
 
 
 def install(work: Path) -> None:

@@ -249,37 +249,6 @@ def test_batched_draft_with_ragged_contexts_equals_the_torch_path(loaded_tiny_pa
         torch.testing.assert_close(k[:, slots[row], :, :end], want_k[:, slots[row], :, :end], rtol=0, atol=2e-5)
 
 
-@pytest.mark.parametrize("rows,k,n", [(1, 64, 96), (2, 48, 33), (3, 20, 7), (5, 37, 11), (9, 200, 64), (16, 512, 3)])
-def test_matmul_equals_f_linear_and_rows_are_independent(rows, k, n):
-    g = torch.Generator().manual_seed(rows)
-    x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
-    out = cpu_ops.matmul_nt(x, w)
-    torch.testing.assert_close(out, F.linear(x, w), rtol=1e-5, atol=1e-5)
-    for t in range(rows):
-        assert torch.equal(cpu_ops.matmul_nt(x[t : t + 1].contiguous(), w)[0], out[t])
-
-
-@pytest.mark.parametrize("rows,k,n", [(1, 64, 96), (2, 48, 33), (3, 20, 7), (5, 37, 16), (7, 64, 57), (8, 192, 40),
-                                      (9, 200, 65), (16, 512, 3), (300, 24, 50)])
-def test_panel_matmul_equals_f_linear_and_rows_are_independent(rows, k, n):
-    """The layer's projections: weights packed in panels of 8 outputs, tiles of up to 8 rows (any row count)."""
-    lib = cpu_ops.library()
-    g = torch.Generator().manual_seed(rows + 100)
-    x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
-    panels = cpu_ops.pack_panels(w)
-    assert panels.shape == ((n + 7) // 8, k, 8)
-
-    def matmul(inp):
-        out = torch.empty(inp.shape[0], n)
-        lib.dfl_matmul_panels(inp.data_ptr(), inp.shape[0], k, panels.data_ptr(), n, out.data_ptr())
-        return out
-
-    out = matmul(x)
-    torch.testing.assert_close(out, F.linear(x, w), rtol=1e-5, atol=1e-5)
-    for t in range(rows):
-        assert torch.equal(matmul(x[t : t + 1].contiguous())[0], out[t])
-
-
 def test_unsupported_layers_and_passes_keep_the_torch_path(target):
     layers = target.model.layers
     positions = torch.arange(4, 8)[None]
@@ -341,68 +310,6 @@ def test_weights_changed_in_place_are_repacked(target, torch_path):
         target.load_state_dict(state)
 
 
-def test_switched_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv(cpu_ops.ENV, "0")
-    cpu_ops.library.cache_clear()
-    try:
-        assert cpu_ops.library() is None
-    finally:
-        monkeypatch.delenv(cpu_ops.ENV)
-        cpu_ops.library.cache_clear()
-    assert cpu_ops.library() is not None
-
-
-def _python_path(fn):
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(cpu_ops, "library", lambda: None)
-        return fn()
-
-
-@pytest.mark.parametrize("seed", range(40))
-def test_greedy_heads_equal_the_torch_rules(seed):
-    """verify_lazily (temperature 0) and confident_drafts for one sequence, C++ vs torch."""
-    from dflash_trt.decoding.verify import verify_lazily
-    from dflash_trt.model.draft_heads import confident_drafts
-
-    g = torch.Generator().manual_seed(seed)
-    hidden_size, vocab, width = 24, 50 + seed, 2 + seed % 15
-    head = nn.Linear(hidden_size, vocab, bias=False)
-    with torch.no_grad():
-        head.weight.copy_(torch.randn(vocab, hidden_size, generator=g) * (0.5 + seed % 4))
-    hidden = torch.randn(1, width, hidden_size, generator=g)
-    sampling = (torch.zeros(1), torch.zeros(1, dtype=torch.int64), torch.ones(1), torch.zeros(1, dtype=torch.int64))
-    with torch.inference_mode():
-        truth = F.linear(hidden, head.weight).argmax(-1)
-        drafts = truth[:, 1:].clone()
-        cut = int(torch.randint(0, width, (1,), generator=g))
-        if cut < width - 1:
-            drafts[0, cut] = (drafts[0, cut] + 1) % vocab
-        got = verify_lazily(hidden, head, drafts, torch.tensor([7]), *sampling)
-        want = _python_path(lambda: verify_lazily(hidden, head, drafts, torch.tensor([7]), *sampling))
-        a = int(want[1][0])
-        assert int(got[1][0]) == a and torch.equal(got[0][0, : a + 1], want[0][0, : a + 1])
-        for min_confidence in (0.0, 0.02, 0.3):
-            logits_of = lambda lo, hi: F.linear(hidden[:, lo:hi], head.weight)
-            want = confident_drafts(logits_of, width, min_confidence)
-            got = cpu_ops.greedy_drafts(hidden[0], head, min_confidence, 6)
-            assert torch.equal(got, want[0]), (min_confidence, got, want)
-
-
-def test_rms_norm_equals_torch_and_steps_aside_for_autograd():
-    from dflash_trt.model.layers import RMSNorm
-
-    norm = RMSNorm(40, 1e-6)
-    with torch.no_grad():
-        norm.weight.copy_(torch.randn(40, generator=torch.Generator().manual_seed(0)))
-    x = torch.randn(3, 5, 40, generator=torch.Generator().manual_seed(1))
-    want = F.rms_norm(x, (40,), norm.weight, 1e-6)
-    with torch.inference_mode():
-        got = cpu_ops.rms_norm(x, norm.weight.detach(), 1e-6)
-        torch.testing.assert_close(got, want.detach(), rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(norm(x), want.detach(), rtol=1e-6, atol=1e-6)
-    assert cpu_ops.rms_norm(x, norm.weight, 1e-6) is None  # autograd on: the torch op
-
-
 def test_portable_build_without_avx2_equals_the_torch_path(target, torch_path, monkeypatch):
     """The same source built for the baseline ISA (its plain loops instead of AVX2 / FMA) is right too."""
     import platform
@@ -423,28 +330,6 @@ def test_portable_build_without_avx2_equals_the_torch_path(target, torch_path, m
     x, w = torch.randn(5, 37), torch.randn(11, 37)
     with torch.inference_mode():
         torch.testing.assert_close(cpu_ops.matmul_nt(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
-
-
-def test_head_panels_follow_in_place_changes():
-    head = nn.Linear(16, 40, bias=False)
-    hidden = torch.randn(5, 16, generator=torch.Generator().manual_seed(9))
-    with torch.inference_mode():
-        first = cpu_ops.greedy_drafts(hidden, head, 0.0, 6)
-        assert torch.equal(first, F.linear(hidden, head.weight).argmax(-1))
-        with torch.no_grad():
-            head.weight.neg_()
-        again = cpu_ops.greedy_drafts(hidden, head, 0.0, 6)
-        assert torch.equal(again, F.linear(hidden, head.weight).argmax(-1)) and not torch.equal(again, first)
-
-
-def test_inference_tensor_heads_work():
-    """A head built inside inference mode (a draft vocabulary selected there) has no version counter."""
-    with torch.inference_mode():
-        weight = torch.randn(30, 16)
-        head = type("Head", (), {})()
-        head.weight = weight
-        hidden = torch.randn(3, 16)
-        assert torch.equal(cpu_ops.greedy_drafts(hidden, head, 0.0, 6), F.linear(hidden, weight).argmax(-1))
 
 
 def test_a_decode_checks_its_layer_plans_once(loaded_tiny_pair, monkeypatch):

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from verify_rows import NAN, NEG_INF, params, random_rows
 
 from dflash_trt import host_build
-from dflash_trt.decoding.sampling import gumbel, log_f32, sample_tokens, seed_as_int64, survivors
+from dflash_trt.decoding.sampling import gumbel, log_f32, sample_tokens, survivors
 from dflash_trt.decoding.verify import verify_block
 from dflash_trt.kernels import twin
 from dflash_trt.kernels import verify as dispatch
@@ -28,7 +29,6 @@ PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "dflash_verify"
 ARCHS = ("90a", "100a", "120a")
 NVCC_FLAGS = ["-std=c++17", "-O3", "-c", "--threads", "0", "-Werror", "all-warnings",
               "-Xcompiler", "-Wall,-Wextra,-Werror", f"-I{PLUGIN / 'include'}"]
-NEG_INF, NAN = float("-inf"), float("nan")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -77,39 +77,12 @@ def _start_nvcc_early(nvcc_job):
     """Requesting nvcc_job from every test starts the compile alongside the first one."""
 
 
-def params(n, temperature=1.0, top_k=0, top_p=1.0, seed=7, position=0):
-    full = lambda v, dt: torch.full((n,), v, dtype=dt)  # noqa: E731
-    return (full(position, torch.int64), full(temperature, torch.float32), full(top_k, torch.int64),
-            full(top_p, torch.float32), full(seed_as_int64(seed), torch.int64))
-
-
 def assert_same_tokens(logits, positions, temperature, top_k, top_p, seed):
     want = sample_tokens(logits, positions, temperature, top_k, top_p, seed)
     got = twin.sample_tokens(logits, positions, temperature, top_k, top_p, seed)
     bad = (want != got).nonzero().flatten().tolist()
     assert not bad, [(i, float(temperature[i]), int(top_k[i]), float(top_p[i]), int(want[i]), int(got[i]))
                      for i in bad[:5]]
-
-
-def random_rows(g: torch.Generator, n: int, vocab: int):
-    """n rows of logits [n, V] mixing scales, ties, -inf, NaN, dtypes, and random params."""
-    scale = float(torch.rand(1, generator=g)) * 8 + 0.1
-    logits = torch.randn(n, vocab, generator=g) * scale
-    kind = int(torch.randint(0, 4, (1,), generator=g))
-    if kind == 1:
-        logits = logits.round()  # many ties
-    elif kind == 2:
-        logits[torch.rand(n, vocab, generator=g) < 0.05] = NEG_INF
-    elif kind == 3:
-        logits[torch.rand(n, vocab, generator=g) < 0.05] = NAN
-    logits = logits.to((torch.float32, torch.float16, torch.bfloat16)[int(torch.randint(0, 3, (1,), generator=g))])
-    coin = lambda p: torch.rand(n, generator=g) < p  # noqa: E731
-    temperature = torch.where(coin(0.2), 0.0, torch.rand(n, generator=g) * 2 + 0.05)
-    top_k = torch.where(coin(0.5), 0, torch.randint(1, vocab + 3, (n,), generator=g))
-    top_p = torch.where(coin(0.5), 1.0, torch.rand(n, generator=g) * 0.98 + 0.01).float()
-    seed = torch.randint(-2**63, 2**63 - 1, (n,), generator=g)  # half of them are seeds >= 2**63
-    positions = torch.randint(0, 2**40, (n,), generator=g)
-    return logits, positions, temperature, top_k, top_p, seed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,56 +326,6 @@ def test_tensorrt_plugin_compiles_against_the_tensorrt_headers():
 # ---------------------------------------------------------------------------------------------
 # GPU: the CUDA kernel itself (skipped without CUDA and a built torch op)
 # ---------------------------------------------------------------------------------------------
-
-def _need_kernel():
-    if not dispatch.kernel_available():
-        pytest.skip(f"verify kernel not available: {dispatch.kernel_status()}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("vocab,b,k", [(1, 16, 15), (7, 16, 15), (1000, 16, 15), (32003, 8, 3), (151936, 4, 3)])
-def test_kernel_matches_twin_and_reference_exactly(vocab, b, k):
-    """kernel == twin == reference (run on CUDA) on every row, top-p included: all three use the
-    same fixed-point top-p masses."""
-    _need_kernel()
-    g = torch.Generator().manual_seed(vocab)
-    logits, _, temperature, top_k, top_p, seed = random_rows(g, b * (k + 1), vocab)
-    logits = logits.view(b, k + 1, vocab)
-    per_row = lambda t: t.view(b, k + 1)[:, 0].contiguous()  # noqa: E731
-    args = [logits, torch.randint(0, vocab, (b, k), generator=g), torch.randint(0, 2**40, (b,), generator=g),
-            *map(per_row, (temperature, top_k, top_p, seed))]
-    cuda = [a.cuda() for a in args]
-    tokens, accepted, next_ids = (t.cpu() for t in dispatch.load_op()(*cuda, 5))
-    for got, want in zip((tokens, accepted, next_ids), twin.verify_block_next(*args, 5)):
-        assert torch.equal(got, want)
-    want_tokens, _ = verify_block(*cuda)
-    assert torch.equal(tokens, want_tokens.cpu())
-
-
-@pytest.mark.gpu
-def test_kernel_adversarial_rows_match_reference():
-    _need_kernel()
-    rows = torch.tensor([[NAN] * 6, [NAN, NEG_INF, NAN, NEG_INF, 1.0, 1.0], [NEG_INF] * 6, [0.0] * 6])
-    for temperature, top_k, top_p in [(0.0, 0, 1.0), (0.5, 0, 1.0), (2.0, 2, 1.0), (1.0, 0, 0.3), (1.0, 0, 0.0)]:
-        args = [rows[:, None, :].contiguous(), torch.zeros(4, 0, dtype=torch.int64), *params(4, temperature, top_k,
-                top_p, seed=2**64 - 3)]
-        got = dispatch.load_op()(*[a.cuda() for a in args], 0)[0].cpu()
-        assert torch.equal(got, verify_block(*args)[0])
-
-
-@pytest.mark.gpu
-def test_kernel_is_capturable_in_a_cuda_graph():
-    _need_kernel()
-    args = [a.cuda() for a in (torch.randn(2, 4, 1000), torch.zeros(2, 3, dtype=torch.int64), *params(2, 0.7, 20, 0.9))]
-    op = dispatch.load_op()
-    eager = op(*args, 1)[0]
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = op(*args, 1)[0]
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
-
 
 def test_top_p_is_exact_at_full_vocab():
     """At Qwen3's V = 151936 with flat logits (many tokens at the nucleus edge) the fixed-point
