@@ -8,6 +8,7 @@ rebuilds it. A bottom-level module: it imports nothing of dflash-trt but the err
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import hashlib
 import os
@@ -99,3 +100,13 @@ def build(lib: HostLibrary) -> Path:
         raise RuntimeError(f"building {lib.filename} failed:\n{' '.join(cmd)}\n{result.stderr}")
     os.replace(tmp, target)  # atomic: concurrent builders never see a half-written library
     return target
+
+
+def load(lib: HostLibrary, signatures: dict[str, tuple]) -> ctypes.CDLL:
+    """Build `lib` (or reuse its cached build) and load it, each function of `signatures`
+    ({name: (restype, argtypes)}) typed for ctypes."""
+    handle = ctypes.CDLL(str(build(lib)))
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(handle, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return handle

@@ -47,24 +47,16 @@ _SIGNATURES = {
 }
 
 
-def _load(lib: host_build.HostLibrary, signatures: dict) -> ctypes.CDLL:
-    handle = ctypes.CDLL(str(host_build.build(lib)))
-    for name, (restype, argtypes) in signatures.items():
-        fn = getattr(handle, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return handle
-
-
 @functools.cache
 def library() -> ctypes.CDLL:
     """The twin library (built on first use)."""
-    return _load(TWIN, _SIGNATURES)
+    return host_build.load(TWIN, _SIGNATURES)
 
 
 @functools.cache
 def emulator() -> ctypes.CDLL:
     """The CTA emulator library (built on first use; needs the CUDA headers)."""
-    return _load(EMULATOR, {"dfv_emu_verify": _VERIFY})
+    return host_build.load(EMULATOR, {"dfv_emu_verify": _VERIFY})
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:

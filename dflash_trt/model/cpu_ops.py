@@ -68,12 +68,8 @@ _SIGNATURES = {  # name: (restype, argtypes)
 def build_library(flags: tuple[str, ...] = FLAGS, cpu_specific: bool = True) -> ctypes.CDLL:
     """Compile (or reuse the cached build of) decoder_layer.cpp with `flags` and load it."""
     spec = host_build.HostLibrary("libdflash_cpu_layer.so", "decoder_layer.cpp", ("decoder_layer.cpp",), flags,
-                       root=SOURCE_DIR, cpu_specific=cpu_specific)
-    handle = ctypes.CDLL(str(host_build.build(spec)))
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        fn = getattr(handle, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return handle
+                                  root=SOURCE_DIR, cpu_specific=cpu_specific)
+    return host_build.load(spec, _SIGNATURES)
 
 
 @functools.cache
