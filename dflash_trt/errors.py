@@ -32,6 +32,10 @@ class RequestError(DFlashTrtError):
     """A generation request has invalid parameters (empty prompt, top_p out of range, ...)."""
 
 
+class ServerStartError(DFlashTrtError):
+    """tritonserver did not come up; the message carries the reason from its output."""
+
+
 def field_error(path: str | object, field: str, problem: str) -> ConfigError:
     """`ConfigError` naming the file and the dotted field path: 'f.json: field a.b: problem'."""
     return ConfigError(f"{path}: field '{field}': {problem}")

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from dflash_trt.atomic import write_atomically
+from dflash_trt.atomic import check_replaceable, write_atomically
 from dflash_trt.checkpoint.configs import DraftConfig, TargetConfig
 
 
@@ -90,5 +90,18 @@ def write_draft_folder(
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
 
-    write_atomically(folder, fill)
+    write_atomically(folder, fill, owned=is_written_drafter, what="drafter folder")
     return folder
+
+
+TRAIN_RECORD = "dflash_trt_train.json"  # train-draft's settings: what marks a drafter folder as ours
+
+
+def is_written_drafter(folder: Path) -> bool:
+    """A drafter folder `train-draft` wrote (its settings file is there): one it may replace."""
+    return (Path(folder) / TRAIN_RECORD).is_file() and (Path(folder) / "config.json").is_file()
+
+
+def check_drafter_out(folder: str | Path) -> None:
+    """Before training: refuse an output folder that is not empty and not a drafter train-draft wrote."""
+    check_replaceable(Path(folder), is_written_drafter, "drafter folder")

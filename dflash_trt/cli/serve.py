@@ -8,10 +8,11 @@ import click
 @click.command("serve", short_help="Run tritonserver on a repository until Ctrl-C.")
 @click.argument("repository", type=click.Path(exists=True, file_okay=False))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (all three endpoints).")
-@click.option("--http-port", type=int, default=8000, show_default=True)
-@click.option("--grpc-port", type=int, default=8001, show_default=True)
-@click.option("--metrics-port", type=int, default=8002, show_default=True)
-@click.option("--log", "log_path", type=click.Path(dir_okay=False), help="Server log file (default: inherit).")
+@click.option("--http-port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--grpc-port", type=click.IntRange(1, 65535), default=8001, show_default=True)
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=8002, show_default=True)
+@click.option("--log", "log_path", type=click.Path(dir_okay=False),
+              help="Server log file (default: the server's output goes to this terminal).")
 def serve_command(repository, host, http_port, grpc_port, metrics_port, log_path):
     """Start tritonserver (system install or the nvidia-pytriton binary), wait until ready, stop on Ctrl-C."""
     import signal
@@ -19,7 +20,13 @@ def serve_command(repository, host, http_port, grpc_port, metrics_port, log_path
 
     from dflash_trt.triton.server import Ports, TritonServer
 
-    server = TritonServer(repository, host, Ports(http_port, grpc_port, metrics_port), log_path)
+    try:
+        server = TritonServer(repository, host, Ports(http_port, grpc_port, metrics_port), log_path)
+    except FileNotFoundError as exc:
+        raise click.ClickException(str(exc)) from None
+    for name in server.ignored:
+        click.echo(f"warning: {repository}/{name}: not a model folder (a leftover of an interrupted publish?); "
+                   "ignored", err=True)
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     with server:
@@ -29,4 +36,6 @@ def serve_command(repository, host, http_port, grpc_port, metrics_port, log_path
                 pass
         except KeyboardInterrupt:
             pass
+        if server.process.poll() is not None:
+            raise click.ClickException(f"tritonserver exited on its own with code {server.process.returncode}")
         click.echo("stopping tritonserver")

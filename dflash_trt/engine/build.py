@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from dflash_trt.atomic import check_replaceable, write_atomically
 from dflash_trt.checkpoint.hf import check_pair, read_draft, read_target
 from dflash_trt.engine import bundle as bundles
 from dflash_trt.engine.backend import BundleBackend, Log
@@ -24,6 +25,7 @@ def build_bundle(cfg: BuildConfig, backend: BundleBackend, log: Log = print) -> 
     if backend.name != cfg.backend:
         raise ConfigError(f"{cfg.source}: field 'backend': {cfg.backend!r}, but the {backend.name!r} backend was given")
     t0 = time.perf_counter()
+    check_replaceable(cfg.output_path(), bundles.is_bundle, f"bundle ({cfg.source}: field 'output')")
     target_ckpt, draft_ckpt = read_target(cfg.target_path()), read_draft(cfg.draft_path())
     check_pair(target_ckpt, draft_ckpt)
     draft_vocab.token_ids(cfg.draft_path(), cfg.runtime.draft_vocab_size, target_ckpt.config.vocab_size,
@@ -42,5 +44,6 @@ def build_bundle(cfg: BuildConfig, backend: BundleBackend, log: Log = print) -> 
         bundles.write_manifest(tmp, cfg, fingerprint, filled.pair_info, filled.golden, time.perf_counter() - t0,
                                filled.versions)
 
-    out = bundles.write_atomically(cfg.output_path(), fill)
+    out = write_atomically(cfg.output_path(), fill, owned=bundles.is_bundle,
+                           what=f"bundle ({cfg.source}: field 'output')")
     return out, bundles.read_manifest(out), False

@@ -84,9 +84,6 @@ def load_bundle(path: str | Path, dtype: str | None = None, device: str | None =
     """Verify a torch bundle's hashes and load its pair; returns (manifest, LoadedPair)."""
     path = Path(path)
     manifest = bundles.verify_bundle(path) if verify else bundles.read_manifest(path)
-    if manifest.get("format_version") != bundles.FORMAT_VERSION:
-        raise ConfigError(f"{path / 'manifest.json'}: field 'format_version': {manifest.get('format_version')} "
-                          f"is not {bundles.FORMAT_VERSION}; rebuild with this dflash-trt")
     if manifest.get("backend", "torch") != "torch":
         raise ConfigError(f"{path}: a {manifest['backend']} bundle is served through its own runners "
                           "(dflash_trt.runtime.backends.open_runners), not loaded as a torch pair")

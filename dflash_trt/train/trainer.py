@@ -18,7 +18,12 @@ from pathlib import Path
 import torch
 
 from dflash_trt.checkpoint.configs import DraftConfig, default_target_layer_ids
-from dflash_trt.checkpoint.draft_writer import draft_config_for_target, write_draft_folder
+from dflash_trt.checkpoint.draft_writer import (
+    TRAIN_RECORD,
+    check_drafter_out,
+    draft_config_for_target,
+    write_draft_folder,
+)
 from dflash_trt.errors import ConfigError
 from dflash_trt.model import draft_vocab
 from dflash_trt.model.draft import DFlashDraft
@@ -176,6 +181,7 @@ def train_draft(cfg: TrainDraftConfig) -> dict:
 
     from dflash_trt.runtime.local import load_pair
 
+    check_drafter_out(cfg.out)  # before hours of training, not after
     pair = load_pair(cfg.target, None, dtype="fp32", device=cfg.device)
     device = pair.target.lm_head.weight.device
     state_dir = Path(f"{cfg.out}.train-state")
@@ -204,7 +210,7 @@ def train_draft(cfg: TrainDraftConfig) -> dict:
                                      pair.target.config.vocab_size, f"the {len(samples)} training samples' trained tokens")
     write_draft_folder(cfg.out, draft_config, draft.state_dict(), extra_files={
         draft_vocab.VOCAB_FILE: json.dumps(vocab) + "\n",
-        "dflash_trt_train.json": cfg.to_json(),
+        TRAIN_RECORD: cfg.to_json(),
         "README.md": model_card(cfg, draft_config, summary, len(samples)),
     })
     return summary

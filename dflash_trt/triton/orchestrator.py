@@ -48,6 +48,13 @@ class Metrics:
         self.running = self.families["running"].Metric(labels=labels)
         self.waiting = self.families["waiting"].Metric(labels=labels)
 
+    def release(self) -> None:
+        """Drop every Metric, then the families: a family must outlive its metrics, and both must go
+        while the stub is still connected (not at interpreter exit)."""
+        for name in ("acceptance", "draft_s", "verify_s", "tokens", "batch", "running", "waiting"):
+            setattr(self, name, None)
+        self.families.clear()
+
     def on_step(self, step) -> None:
         self.running.set(float(step.running))
         self.waiting.set(float(step.waiting))
@@ -152,7 +159,7 @@ class ResponseStream:
 
 class Orchestrator:
     def __init__(self, pb, args: dict):
-        from dflash_trt.engine.bundle import verify_bundle
+        from dflash_trt.engine.bundle import verify_published
         from dflash_trt.runtime.backends import open_runners
 
         self.pb = pb
@@ -160,7 +167,7 @@ class Orchestrator:
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         if not pb.using_decoupled_model_transaction_policy(config):
             raise pb.TritonModelException("the dflash model must be decoupled (model_transaction_policy)")
-        manifest = verify_bundle(params["bundle_path"])
+        manifest = verify_published(params["bundle_path"], params.get("bundle_manifest_sha256"))
         runtime = manifest["config"]["runtime"]
         block_size = 1 if params.get("mode") == "autoregressive" else manifest["block_size"]
         schedule = {int(k): int(v) for k, v in runtime.get("block_size_schedule", {}).items()}
@@ -207,6 +214,7 @@ class Orchestrator:
     def finalize(self) -> None:
         self.service.shutdown()
         self.emitter.close()
+        self.metrics.release()  # while the stub can still talk to the server
 
 
 def _cancel_check(request, sender):

@@ -9,7 +9,10 @@ The templates are the top-level `triton_model_repo/` (installed as `dflash_trt.t
                                   baseline `dflash-trt bench --url` measures side by side
 
 `render_config` fills a template's `${...}` fields (triton_model_repo/README.md lists them). Each
-model is written to a temporary sibling and renamed into place, replacing an older one.
+model is written in a scratch folder beside the repository (never inside it: Triton would take a
+half-written folder for a model) and renamed into place, replacing only a model `publish` wrote.
+Leftovers of killed publishes (in the scratch folder, or inside the repository from older versions)
+are removed on the next publish.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import shutil
 from pathlib import Path
 from string import Template
 
-from dflash_trt.engine.bundle import verify_bundle, write_atomically
+from dflash_trt.atomic import remove_stale, repository_scratch, write_atomically
+from dflash_trt.engine.bundle import verify_bundle
 
 MODEL_NAME = "dflash"
 AR_MODEL_NAME = "dflash_ar"
@@ -75,5 +79,15 @@ def publish(bundle: str | Path, repository: str | Path, with_autoregressive: boo
             (tmp / "config.pbtxt").write_text(config)
             shutil.copy(source / "1" / "model.py", tmp / "1" / "model.py")
 
-        write_atomically(repository / name, fill)
+        write_atomically(repository / name, fill, owned=is_published_model, scratch=repository_scratch(repository),
+                         what="Triton model published by dflash-trt")
+    remove_stale(repository)  # leftovers older versions of publish kept inside the repository
     return repository
+
+
+def is_published_model(folder: Path) -> bool:
+    """A model folder `publish` wrote (its config names the bundle's manifest hash): one it may replace."""
+    try:
+        return 'key: "bundle_manifest_sha256"' in (Path(folder) / "config.pbtxt").read_text()
+    except (OSError, UnicodeDecodeError):
+        return False

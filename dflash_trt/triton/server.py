@@ -6,11 +6,19 @@ interpreter's version into `backends/python/`, run with `LD_LIBRARY_PATH` = the 
 `nvidia_pytriton.libs` + this interpreter's LIBDIR (else `import ssl` breaks inside models) and
 the virtualenv's `bin` first on PATH (the stub finds numpy, torch and dflash_trt through it).
 Servers bind to 127.0.0.1 unless asked otherwise.
+
+The server loads the repository's models explicitly (`--model-control-mode=explicit`): every folder
+with a config.pbtxt whose name is not hidden, so a leftover `.dflash.tmp-*` of an interrupted publish
+(older versions wrote them inside the repository) is reported and ignored instead of failing the
+start; explicit control is also what lets a supervisor reload one model. On Linux the server gets
+SIGTERM when the thread that started it dies (`setpriv --pdeathsig`), so a killed `dflash-trt serve`
+leaves no orphan.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,7 +30,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_trt.errors import MissingDependencyError
+from dflash_trt.errors import MissingDependencyError, ServerStartError
 
 CACHE = Path(os.environ.get("DFLASH_TRT_CACHE", Path.home() / ".cache" / "dflash-trt"))
 SYSTEM_PATHS = ("/opt/tritonserver/bin/tritonserver",)
@@ -101,8 +109,44 @@ class Ports:
         return cls(http or free_port(), grpc or free_port(), metrics or free_port())
 
 
+def repository_models(repository: Path) -> tuple[list[str], list[str]]:
+    """(model folders to load, entries ignored): a model is a folder with a config.pbtxt whose name
+    does not start with '.'; anything else in the repository is ignored (and reported)."""
+    models, ignored = [], []
+    for entry in sorted(Path(repository).iterdir()):
+        if entry.is_dir() and not entry.name.startswith(".") and (entry / "config.pbtxt").is_file():
+            models.append(entry.name)
+        else:
+            ignored.append(entry.name)
+    return models, ignored
+
+
+_LOAD_FAILURE = re.compile(r"failed to load '([^']+)' version \d+: (?:Internal: )?(.*?)(?:\\n|\"$)", re.M)
+
+
+def start_failure_reasons(log: str, limit: int = 8) -> list[str]:
+    """What made a start fail, from a tritonserver log: one line per model that failed to load
+    (its Python exception without the traceback), else the error lines, else the last lines."""
+    reasons = list(dict.fromkeys(f"model {m}: {why}" for m, why in _LOAD_FAILURE.findall(log)))
+    if not reasons:
+        reasons = [line for line in log.splitlines() if line.startswith("error:") or
+                   (line.startswith("E") and "CudaDriverHelper" not in line and line[1:5].isdigit())]
+    return (reasons or log.splitlines())[-limit:]
+
+
+def _die_with_parent() -> list[str]:
+    """A command prefix that makes the server get SIGTERM when the thread that started it dies
+    (util-linux `setpriv --pdeathsig`; PR_SET_PDEATHSIG survives the exec). Empty where there is no
+    setpriv: then only stop() stops it. (Not preexec_fn: forking with a callback is unsafe in a
+    process with threads.)"""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "SIGTERM", "--"] if setpriv else []
+
+
 class TritonServer:
-    """A tritonserver process for one model repository; a context manager that stops it."""
+    """A tritonserver process for one model repository; a context manager that stops it.
+
+    `log_path` None: the server's output goes where this process's goes (inherited)."""
 
     def __init__(self, repository: str | Path, host: str = "127.0.0.1", ports: Ports | None = None,
                  log_path: str | Path | None = None, extra_args: tuple[str, ...] = ()):
@@ -111,10 +155,15 @@ class TritonServer:
         self.log_path = Path(log_path) if log_path else None
         self.extra_args, self.process = extra_args, None
         self.binary = find_tritonserver()
+        self.models, self.ignored = repository_models(self.repository)
+        if not self.models:
+            raise FileNotFoundError(f"{self.repository}: no model folders (each needs a config.pbtxt); "
+                                    "run `dflash-trt publish BUNDLE REPOSITORY` first")
 
     def command(self) -> list[str]:
         p, h = self.ports, self.host
-        cmd = [str(self.binary.executable), f"--model-repository={self.repository.resolve()}",
+        cmd = [*_die_with_parent(), str(self.binary.executable), f"--model-repository={self.repository.resolve()}",
+               "--model-control-mode=explicit", *(f"--load-model={m}" for m in self.models),
                f"--http-address={h}", f"--http-port={p.http}", f"--grpc-address={h}", f"--grpc-port={p.grpc}",
                f"--metrics-address={h}", f"--metrics-port={p.metrics}", "--allow-metrics=true",
                "--allow-gpu-metrics=false", "--exit-timeout-secs=10", *self.extra_args]
@@ -134,12 +183,12 @@ class TritonServer:
         env = os.environ | self.binary.env
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        log = open(self.log_path, "ab") if self.log_path else None
         try:
-            self.process = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT,
+            self.process = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
                                             start_new_session=True)
         finally:
-            if log is not subprocess.DEVNULL:
+            if log is not None:
                 log.close()  # the child keeps its own descriptor
         self.wait_ready(timeout)
         return self
@@ -148,7 +197,8 @@ class TritonServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with code {self.process.returncode}; log: {self.log_path}")
+                raise ServerStartError(f"tritonserver exited with code {self.process.returncode} while starting"
+                                       + self._log_hint())
             try:
                 with urllib.request.urlopen(f"http://{self.url}/v2/health/ready", timeout=2) as r:
                     if r.status == 200:
@@ -157,17 +207,34 @@ class TritonServer:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s; log: {self.log_path}")
+        raise ServerStartError(f"tritonserver not ready after {timeout:.0f} s" + self._log_hint())
+
+    def _log_hint(self) -> str:
+        """The reason, from the server's log: each model's load error, else its error lines."""
+        if self.log_path is None:
+            return " (its output is above)"
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return f"; log: {self.log_path}"
+        return f" ({self.log_path}):\n" + "\n".join("  " + r for r in start_failure_reasons(text))
 
     def stop(self, timeout: float = 20.0) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        os.killpg(self.process.pid, signal.SIGTERM)
+        self.process.send_signal(signal.SIGTERM)  # the server alone: it finalizes its model stubs itself
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            self._kill_group()
             self.process.wait()
+        self._kill_group()  # a stub the server left behind
+
+    def _kill_group(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def __enter__(self) -> "TritonServer":
         return self.start()

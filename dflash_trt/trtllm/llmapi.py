@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from dflash_trt.engine.bundle import write_atomically
+from dflash_trt.atomic import repository_scratch, write_atomically
 from dflash_trt.engine.config import BuildConfig
 from dflash_trt.errors import ConfigError
 from dflash_trt.trtllm.versions import TRTLLM_LLMAPI_MIN
@@ -179,7 +179,8 @@ def write_repository(e: LlmapiExport, out: str | Path, llmapi_dir: str | Path | 
             shutil.copy2(source / rel, tmp / rel)
 
     out.mkdir(parents=True, exist_ok=True)
-    return write_atomically(out / MODEL_NAME, fill)
+    return write_atomically(out / MODEL_NAME, fill, owned=lambda f: (f / "1" / "model.yaml").is_file(),
+                            scratch=repository_scratch(out), what="llmapi model folder")
 
 
 def from_build_config(cfg: BuildConfig, gpu_arch: str, **overrides) -> LlmapiExport:
