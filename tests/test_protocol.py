@@ -82,3 +82,44 @@ def test_stream_waits_for_complete_utf8():
     decode = lambda ids: b"".join(table[i] for i in ids).decode("utf-8", errors="replace")  # noqa: E731
     stream = TextStream(decode)
     assert [stream.push([1]), stream.push([2]), stream.push([3])] == ["", "", "€"]
+
+
+class NoEncode(CharTokenizer):
+    def encode(self, text, add_special_tokens=True):
+        raise AssertionError("tokenized a prompt the byte bound refuses")
+
+
+def test_a_huge_prompt_is_refused_before_it_is_tokenized():
+    from dflash_trt.triton.protocol import RequestLimits
+
+    limits = RequestLimits(max_prompt_bytes=400)
+    with pytest.raises(RequestError, match="10000000 bytes is more than 99 tokens"):
+        parse_request(_get(text_input=b"a" * 10_000_000), NoEncode(), 100, 256, limits=limits)
+    assert parse_request(_get(text_input=b"a" * 30), CharTokenizer(), 100, 256, limits=limits).request.prompt
+
+
+@pytest.mark.parametrize("inputs,fragment", [
+    (dict(stop_words=[b"x"] * 65), "65 stop words; at most 64"),
+    (dict(stop_words=[b"x" * 513]), "a stop word of 513 bytes; at most 512"),
+    (dict(stop_token_ids=list(range(1025))), "1025 ids; at most 1024"),
+])
+def test_stop_lists_are_bounded(inputs, fragment):
+    with pytest.raises(RequestError, match=fragment):
+        parse_request(_get(text_input=b"a", **inputs), NoEncode(), 100, 256)
+
+
+def test_the_byte_bound_of_the_shipped_tokenizer_holds_for_any_tokens():
+    """No sequence of n tokens decodes to more than n x the longest token's bytes."""
+    import random
+    from pathlib import Path
+
+    from dflash_trt.tokenizer import load_tokenizer
+    from dflash_trt.triton.protocol import RequestLimits
+
+    tokenizer = load_tokenizer(Path(__file__).resolve().parents[1] / "dflash_trt" / "assets" / "tiny-qwen3")
+    limit = RequestLimits.for_tokenizer(tokenizer, 101).max_prompt_bytes
+    per_token, rng, vocab = limit // 100, random.Random(0), len(tokenizer.get_vocab())
+    for n in (1, 7, 100):
+        for _ in range(50):
+            ids = [rng.randrange(vocab) for _ in range(n)]
+            assert len(tokenizer.decode(ids).encode("utf-8")) <= n * per_token

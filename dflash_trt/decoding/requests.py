@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dflash_trt.decoding.sampling import SamplingParams
+from dflash_trt.decoding.stops import IncrementalText, StopAutomaton, StopScanner
 
 Detokenize = Callable[[list[int]], str]
 OnCommit = Callable[[int, list[int]], None]  # (row index, newly committed tokens)
@@ -61,8 +62,11 @@ class Row:
         self.finish_reason: str | None = None
         self.acceptance_lengths: list[int] = []
         self.accepted_drafts: list[int] = []
-        if request.stop.stop_strings and detokenize is None:
-            raise ValueError("stop strings need a tokenizer to detokenize")
+        self.stop_text: tuple[IncrementalText, StopScanner] | None = None
+        if request.stop.stop_strings:
+            if detokenize is None:
+                raise ValueError("stop strings need a tokenizer to detokenize")
+            self.stop_text = (IncrementalText(detokenize), StopScanner(StopAutomaton(request.stop.stop_strings)))
 
     @property
     def done(self) -> bool:
@@ -75,7 +79,7 @@ class Row:
         for token in new:
             self.tokens.append(token)
             kept += 1
-            if token in stop.stop_token_ids or self._hit_stop_string():
+            if token in stop.stop_token_ids or self._hit_stop_string(token):
                 self.finish_reason = "stop"
             elif len(self.tokens) >= stop.max_new_tokens:
                 self.finish_reason = "length"
@@ -85,9 +89,12 @@ class Row:
             on_commit(self.index, self.tokens[-kept:])
         return kept
 
-    def _hit_stop_string(self) -> bool:
-        strings = self.request.stop.stop_strings
-        return bool(strings) and any(s in self.detokenize(self.tokens) for s in strings)
+    def _hit_stop_string(self, token: int) -> bool:
+        """Whether the text now contains a stop string (only the new text is decoded and scanned)."""
+        if self.stop_text is None:
+            return False
+        text, scanner = self.stop_text
+        return scanner.feed(text.push([token])) is not None
 
     def result(self) -> GenerationResult:
         text = None

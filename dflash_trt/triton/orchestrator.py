@@ -18,7 +18,7 @@ import numpy as np
 
 from dflash_trt.errors import DFlashTrtError
 from dflash_trt.runtime.service import DFlashService, ServiceLimits
-from dflash_trt.triton.protocol import parse_request
+from dflash_trt.triton.protocol import RequestLimits, parse_request
 from dflash_trt.triton.text_stream import TextStream
 
 TIME_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0]
@@ -180,6 +180,7 @@ class Orchestrator:
         on_step = lambda step: self.emitter.post(lambda: self.metrics.on_step(step))  # noqa: E731
         runners = open_runners(params["bundle_path"], self.limits, params.get("device") or None, manifest)
         self.tokenizer, self.vocab_size, self.eos_ids = runners.tokenizer, runners.vocab_size, runners.eos_ids
+        self.request_limits = RequestLimits.for_tokenizer(self.tokenizer, self.limits.max_seq_len)
         self.service = DFlashService(None, self.limits, on_step=on_step, runners=(runners.target, runners.draft),
                                      detokenize=runners.detokenize)
 
@@ -200,7 +201,8 @@ class Orchestrator:
             return None if tensor is None else tensor.as_numpy()
 
         try:
-            parsed = parse_request(get, self.tokenizer, self.limits.max_seq_len, self.vocab_size, self.eos_ids)
+            parsed = parse_request(get, self.tokenizer, self.limits.max_seq_len, self.vocab_size, self.eos_ids,
+                                   self.request_limits)
             text = None
             if self.tokenizer is not None:
                 text = TextStream(self.detokenize, parsed.request.stop.stop_strings)

@@ -3,6 +3,10 @@
 Inputs follow the names of Triton's LLM ensembles / BLS so `/v2/models/dflash/generate` works
 with the usual JSON (`{"text_input": ..., "max_tokens": 64, "stream": false}`). Every invalid
 request becomes one clear `RequestError`; nothing here can take the server down.
+
+Work before admission is bounded (`RequestLimits`): a text prompt longer in bytes than max_seq_len
+tokens could possibly cover is refused before it is tokenized (so a 10 MB prompt costs a length
+check, not seconds of the model thread), and stop words are limited in number and length.
 """
 
 from __future__ import annotations
@@ -42,6 +46,25 @@ OUTPUTS = [
     ("acceptance_lengths", "TYPE_INT32", [-1]),  # tokens committed per verify step (final response)
 ]
 DEFAULT_MAX_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Bounds checked before any per-request work (see the module docstring)."""
+
+    max_prompt_bytes: int | None = None  # None: not bounded by bytes (the token count still is)
+    max_stop_words: int = 64
+    max_stop_word_bytes: int = 512
+    max_stop_token_ids: int = 1024
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer, max_seq_len: int) -> "RequestLimits":
+        """max_prompt_bytes = (max_seq_len - 1) x the longest token's bytes: a longer prompt has more
+        than max_seq_len - 1 tokens whatever it says."""
+        if tokenizer is None:
+            return cls()
+        longest = max((len(piece.encode("utf-8")) for piece in tokenizer.get_vocab()), default=1)
+        return cls(max_prompt_bytes=(max_seq_len - 1) * max(longest, 1))
 
 
 @dataclass
@@ -87,17 +110,25 @@ def _utf8(item, name: str) -> str:
         raise RequestError(f"input '{name}': not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
 
 
-def _prompt(get: Callable, tokenizer, chat: bool) -> list[int]:
+def _prompt(get: Callable, tokenizer, chat: bool, max_seq_len: int, limits: RequestLimits) -> list[int]:
     ids = get("input_ids")
     if ids is not None:
-        return [int(t) for t in np.asarray(ids).reshape(-1)]
+        flat = np.asarray(ids).reshape(-1)
+        if flat.size >= max_seq_len:
+            raise RequestError(f"the prompt has {flat.size} tokens; this bundle allows at most {max_seq_len - 1}")
+        return [int(t) for t in flat]
     text = get("text_input")
     if text is None:
         raise RequestError("input 'text_input' (or 'input_ids') is required")
     flat = np.asarray(text, dtype=object).reshape(-1)
     if flat.size != 1:
         raise RequestError(f"input 'text_input': expected one string, got {flat.size}")
-    prompt = _utf8(flat[0], "text_input")
+    raw = flat[0]
+    size = len(raw) if isinstance(raw, bytes) else len(str(raw).encode("utf-8"))
+    if limits.max_prompt_bytes is not None and size > limits.max_prompt_bytes:
+        raise RequestError(f"input 'text_input': {size} bytes is more than {max_seq_len - 1} tokens, this bundle's "
+                           f"longest prompt, can hold (at most {limits.max_prompt_bytes} bytes)")
+    prompt = _utf8(raw, "text_input")
     if not prompt:
         raise RequestError("input 'text_input': the prompt is empty")
     if tokenizer is None:
@@ -109,10 +140,34 @@ def _prompt(get: Callable, tokenizer, chat: bool) -> list[int]:
     return tokenizer.encode(prompt, add_special_tokens=True)
 
 
+def _stop_words(get: Callable, tokenizer, limits: RequestLimits) -> list[str]:
+    value = get("stop_words")
+    count = 0 if value is None else np.asarray(value, dtype=object).size
+    if count > limits.max_stop_words:
+        raise RequestError(f"input 'stop_words': {count} stop words; at most {limits.max_stop_words}")
+    words = _strings(get, "stop_words")
+    long = [w for w in words if len(w.encode("utf-8")) > limits.max_stop_word_bytes]
+    if long:
+        raise RequestError(f"input 'stop_words': a stop word of {len(long[0].encode('utf-8'))} bytes; at most "
+                           f"{limits.max_stop_word_bytes}")
+    if words and tokenizer is None:
+        raise RequestError("input 'stop_words': this bundle has no tokenizer; use 'stop_token_ids'")
+    return words
+
+
+def _stop_token_ids(get: Callable, limits: RequestLimits) -> set[int]:
+    value = get("stop_token_ids")
+    flat = np.asarray(value if value is not None else []).reshape(-1)
+    if flat.size > limits.max_stop_token_ids:
+        raise RequestError(f"input 'stop_token_ids': {flat.size} ids; at most {limits.max_stop_token_ids}")
+    return {int(t) for t in flat}
+
+
 def parse_request(get: Callable, tokenizer, max_seq_len: int, vocab_size: int,
-                  eos_ids: frozenset[int] = frozenset()) -> ParsedRequest:
+                  eos_ids: frozenset[int] = frozenset(), limits: RequestLimits = RequestLimits()) -> ParsedRequest:
     """Validate one request's inputs (`get(name)` -> numpy array or None) into a `Request`."""
-    prompt = _prompt(get, tokenizer, _scalar(get, "chat", bool, False))
+    stop_words, stop_ids = _stop_words(get, tokenizer, limits), _stop_token_ids(get, limits)  # cheap checks first
+    prompt = _prompt(get, tokenizer, _scalar(get, "chat", bool, False), max_seq_len, limits)
     if not prompt:
         raise RequestError("the prompt is empty")
     bad = [t for t in prompt if not 0 <= t < vocab_size]
@@ -138,10 +193,6 @@ def parse_request(get: Callable, tokenizer, max_seq_len: int, vocab_size: int,
         raise RequestError(f"input 'top_p': must be in (0, 1], got {top_p}")
     if top_k < 0:
         raise RequestError(f"input 'top_k': must be >= 0 (0 = off), got {top_k}")
-    stop_ids = {int(t) for t in np.asarray(get("stop_token_ids") if get("stop_token_ids") is not None else []).reshape(-1)}
-    stop_words = _strings(get, "stop_words")
-    if stop_words and tokenizer is None:
-        raise RequestError("input 'stop_words': this bundle has no tokenizer; use 'stop_token_ids'")
     if not _scalar(get, "ignore_eos", bool, False):
         stop_ids |= set(eos_ids)
     request = Request(

@@ -1,33 +1,33 @@
 """Incremental detokenization for streaming: text deltas that never need to be taken back.
 
-A delta is withheld while the text ends in an incomplete UTF-8 sequence (U+FFFD) or while its
-tail could still grow into a stop string; at the end the text is cut before the first stop string.
+A delta is withheld while the text ends in an incomplete UTF-8 sequence or while its tail could still
+grow into a stop string; at the end the text is cut before the first stop string. Each push decodes
+only a window of recent tokens and scans only the new characters (decoding/stops.py), so a long
+answer or thousands of stop strings cost the same per token as a short one.
 """
 
 from __future__ import annotations
 
 from dflash_trt.decoding.requests import cut_at_stop_string
+from dflash_trt.decoding.stops import IncrementalText, StopAutomaton, StopScanner
 
 
 class TextStream:
     def __init__(self, detokenize, stop_strings: tuple[str, ...] = ()):
         self.detokenize, self.stop_strings = detokenize, stop_strings
-        self.tokens: list[int] = []
+        self.text = IncrementalText(detokenize)
+        self.scanner = StopScanner(StopAutomaton(stop_strings))
         self.sent = 0  # characters already emitted
 
     def push(self, tokens: list[int]) -> str:
         """Add committed tokens; return the new text that is safe to emit now."""
-        self.tokens.extend(tokens)
-        text = cut_at_stop_string(self.detokenize(self.tokens), self.stop_strings)
-        safe = len(text)
-        if text.endswith("\ufffd"):
-            safe = len(text.rstrip("\ufffd"))
-        safe = min(safe, len(text) - self._stop_prefix_len(text))
-        return self._emit(text, safe)
+        stop = self.scanner.feed(self.text.push(tokens))
+        safe = stop if stop is not None else len(self.text.text) - self.scanner.pending
+        return self._emit(self.text.text, safe)
 
     def finish(self) -> str:
         """All remaining text (cut before any stop string)."""
-        text = cut_at_stop_string(self.detokenize(self.tokens), self.stop_strings)
+        text = cut_at_stop_string(self.detokenize(self.text.tokens), self.stop_strings)
         return self._emit(text, len(text))
 
     def full(self, tokens: list[int]) -> str:
@@ -40,13 +40,3 @@ class TextStream:
         delta = text[self.sent : upto]
         self.sent = upto
         return delta
-
-    def _stop_prefix_len(self, text: str) -> int:
-        """Length of the longest tail of `text` that is a proper prefix of a stop string."""
-        best = 0
-        for stop in self.stop_strings:
-            for n in range(min(len(stop) - 1, len(text)), 0, -1):
-                if text.endswith(stop[:n]):
-                    best = max(best, n)
-                    break
-        return best
