@@ -103,3 +103,100 @@ def test_a_failed_start_says_why_in_a_few_lines(tmp_path, repo):
     assert out.startswith("Error: tritonserver exited with code") and f"({log}):" in out
     assert "model dflash: CheckpointError" in out and "publish` again" in out  # the reason, from the log
     assert len(out.splitlines()) <= 4
+
+
+@pytest.fixture(scope="module")
+def shipped_repo(tmp_path_factory):
+    from dataclasses import replace
+
+    root = tmp_path_factory.mktemp("supervised")
+    cfg = load_build_config(Path(__file__).resolve().parents[1] / "build_configs" / "tiny-cpu.yaml")
+    bundle, _, _ = backends.build(replace(cfg, output=str(root / "bundle")), log=lambda m: None)
+    return publish(bundle, root / "repo")
+
+
+def _kill_model_process(repository: Path, model: str) -> int:
+    (server,) = _server_pids(repository)
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            ppid = int((proc / "stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == server and cmdline[0].endswith(b"triton_python_backend_stub") and f"/{model}/1/".encode() in cmdline[1]:
+            os.kill(int(proc.name), signal.SIGKILL)
+            return int(proc.name)
+    raise AssertionError(f"no model process of {model}")
+
+
+def _metric(ports: Ports, name: str, model: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{ports.metrics}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name) and f'model="{model}"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} for {model} not on the metrics port")
+
+
+def _generate_soon(ports: Ports, deadline_s: float, **inputs):
+    """The first request that succeeds before the deadline (the server may be restarting)."""
+    from dflash_trt.errors import RequestError
+    from dflash_trt.triton.client import grpc_generate, request_inputs
+
+    deadline, last = time.monotonic() + deadline_s, None
+    while time.monotonic() < deadline:
+        try:
+            return grpc_generate(f"127.0.0.1:{ports.grpc}", request_inputs("def f(x):", **inputs), timeout=30)
+        except (RequestError, OSError, Exception) as exc:  # noqa: BLE001 - connection refused while it restarts
+            last = exc
+            time.sleep(0.5)
+    raise AssertionError(f"no successful request within {deadline_s} s: {last!r}")
+
+
+def test_a_killed_model_process_or_server_is_restarted_and_in_flight_requests_end(shipped_repo):
+    """kill -9 of a model process: the request in flight ends with an error (no hang), the server is
+    back within 30 s and counts the restart; kill -9 of the server itself: back again."""
+    import threading
+
+    from dflash_trt.triton.client import grpc_generate, request_inputs
+
+    proc, ports = _serve(shipped_repo)
+    try:
+        _read_until(proc, "ready:")
+        first = threading.Event()
+        outcome: dict = {}
+
+        def in_flight():
+            try:
+                grpc_generate(f"127.0.0.1:{ports.grpc}", request_inputs("import os\n", max_tokens=480, stream=True),
+                              on_text=lambda delta: first.set(), timeout=60, model="dflash_ar")
+                outcome["result"] = "finished"
+            except Exception as exc:  # noqa: BLE001 - what the client sees is the point
+                outcome["result"] = f"error: {exc}"
+            first.set()
+
+        thread = threading.Thread(target=in_flight)
+        thread.start()
+        assert first.wait(60)
+        killed_at = time.monotonic()
+        _kill_model_process(shipped_repo, "dflash_ar")
+        thread.join(timeout=40)
+        assert not thread.is_alive(), "the in-flight request hung"
+        assert outcome["result"].startswith("error"), outcome
+        result = _generate_soon(ports, 30, max_tokens=8)
+        assert result.token_ids and time.monotonic() - killed_at < 30
+        assert _metric(ports, "dflash_server_restarts_total", "dflash") == 1.0
+        (server,) = _server_pids(shipped_repo)
+        os.kill(server, signal.SIGKILL)
+        assert _generate_soon(ports, 30, max_tokens=8).token_ids
+        assert _metric(ports, "dflash_server_restarts_total", "dflash_ar") == 2.0
+        assert proc.poll() is None  # serve itself kept running
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        for pid in _server_pids(shipped_repo):
+            os.kill(pid, signal.SIGKILL)

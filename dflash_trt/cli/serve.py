@@ -14,11 +14,13 @@ import click
 @click.option("--log", "log_path", type=click.Path(dir_okay=False),
               help="Server log file (default: the server's output goes to this terminal).")
 def serve_command(repository, host, http_port, grpc_port, metrics_port, log_path):
-    """Start tritonserver (system install or the nvidia-pytriton binary), wait until ready, stop on Ctrl-C."""
+    """Start tritonserver (system install or the nvidia-pytriton binary), wait until ready, keep it serving
+    (a dead server or model process is restarted, with back-off), stop on Ctrl-C or SIGTERM."""
     import signal
     import threading
 
     from dflash_trt.triton.server import Ports, TritonServer
+    from dflash_trt.triton.supervisor import Supervisor
 
     try:
         server = TritonServer(repository, host, Ports(http_port, grpc_port, metrics_port), log_path)
@@ -31,11 +33,9 @@ def serve_command(repository, host, http_port, grpc_port, metrics_port, log_path
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     with server:
         click.echo(f"ready: grpc {server.grpc_url}  http {server.url}  metrics {host}:{metrics_port}  (Ctrl-C stops)")
+        supervisor = Supervisor(server, on_event=lambda message: click.echo(f"supervisor: {message}", err=True))
         try:
-            while not stopped.wait(0.5) and server.process.poll() is None:
-                pass
+            supervisor.watch(stopped)  # restarts a dead server or model process, boundedly; raises past the budget
         except KeyboardInterrupt:
             pass
-        if server.process.poll() is not None:
-            raise click.ClickException(f"tritonserver exited on its own with code {server.process.returncode}")
         click.echo("stopping tritonserver")

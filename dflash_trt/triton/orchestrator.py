@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import threading
 
@@ -38,6 +39,8 @@ class Metrics:
             "batch": fam("dflash_batch_size", "Requests in the last decode step", fam.GAUGE),
             "running": fam("dflash_requests_running", "Requests holding a decode slot", fam.GAUGE),
             "waiting": fam("dflash_requests_waiting", "Requests queued for a slot", fam.GAUGE),
+            "restarts": fam("dflash_server_restarts_total", "Times `dflash-trt serve` restarted the server",
+                            fam.COUNTER),
         }
         lengths = [float(i) for i in range(1, block_size + 1)]
         self.acceptance = self.families["acceptance"].Metric(labels=labels, buckets=lengths)
@@ -47,11 +50,13 @@ class Metrics:
         self.batch = self.families["batch"].Metric(labels=labels)
         self.running = self.families["running"].Metric(labels=labels)
         self.waiting = self.families["waiting"].Metric(labels=labels)
+        self.restarts = self.families["restarts"].Metric(labels=labels)
+        self.restarts.increment(float(os.environ.get("DFLASH_TRT_SERVER_RESTARTS") or 0))  # set by the supervisor
 
     def release(self) -> None:
         """Drop every Metric, then the families: a family must outlive its metrics, and both must go
         while the stub is still connected (not at interpreter exit)."""
-        for name in ("acceptance", "draft_s", "verify_s", "tokens", "batch", "running", "waiting"):
+        for name in ("acceptance", "draft_s", "verify_s", "tokens", "batch", "running", "waiting", "restarts"):
             setattr(self, name, None)
         self.families.clear()
 

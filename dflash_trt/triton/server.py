@@ -154,6 +154,7 @@ class TritonServer:
         self.ports = ports or Ports.pick()
         self.log_path = Path(log_path) if log_path else None
         self.extra_args, self.process = extra_args, None
+        self.env: dict[str, str] = {}  # extra environment of the server and its model processes
         self.binary = find_tritonserver()
         self.models, self.ignored = repository_models(self.repository)
         if not self.models:
@@ -180,7 +181,7 @@ class TritonServer:
         return f"{self.host}:{self.ports.grpc}"
 
     def start(self, timeout: float = 120.0) -> "TritonServer":
-        env = os.environ | self.binary.env
+        env = os.environ | self.binary.env | self.env
         if self.log_path:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab") if self.log_path else None
@@ -208,6 +209,27 @@ class TritonServer:
             time.sleep(0.2)
         self.stop()
         raise ServerStartError(f"tritonserver not ready after {timeout:.0f} s" + self._log_hint())
+
+    def model_processes(self) -> dict[str, list[int]]:
+        """The live Python-backend stub processes of this server, by model (from /proc: children of
+        the server whose command is the stub, its first argument `REPO/<model>/<version>/model.py`)."""
+        out: dict[str, list[int]] = {}
+        if self.process is None:
+            return out
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                stat = (proc / "stat").read_text()
+                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            state, ppid = stat.rpartition(")")[2].split()[:2]
+            if int(ppid) != self.process.pid or state == "Z" or not cmdline[0].endswith(b"triton_python_backend_stub"):
+                continue
+            model = Path(cmdline[1].decode(errors="replace")).parent.parent.name if len(cmdline) > 1 else "?"
+            out.setdefault(model, []).append(int(proc.name))
+        return out
 
     def _log_hint(self) -> str:
         """The reason, from the server's log: each model's load error, else its error lines."""
