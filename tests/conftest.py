@@ -24,6 +24,41 @@ def loaded_tiny_pair(tiny_pair):
     return load_pair(tiny_pair[0], tiny_pair[1], dtype="fp32", device="cpu")
 
 
+@pytest.fixture(scope="session")
+def served(tmp_path_factory):
+    """A real tritonserver serving the shipped tiny pair's bundle (preset tiny-cpu): (server, pair, manifest)."""
+    from dataclasses import replace
+
+    from dflash_trt.engine.config import load_build_config
+    from dflash_trt.engine.torch_backend import load_bundle
+    from dflash_trt.runtime import backends
+    from dflash_trt.triton.repository import publish
+    from dflash_trt.triton.server import TritonServer
+
+    root = tmp_path_factory.mktemp("served")
+    cfg = load_build_config(Path(__file__).resolve().parents[1] / "build_configs" / "tiny-cpu.yaml")
+    cfg = replace(cfg, output=str(root / "bundle"), repository=str(root / "repo"))
+    bundle, manifest, _ = backends.build(cfg, log=lambda m: None)
+    repo = publish(bundle, root / "repo")
+    server = TritonServer(repo, log_path=root / "server.log", http_host="127.0.0.1").start(timeout=180)
+    _, pair = load_bundle(bundle, device="cpu")
+    yield server, pair, manifest
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def front(served):
+    """The guarded HTTP front (triton/front_app.py) before `served`: its host:port."""
+    from dflash_trt.triton.front_app import Front, make_app
+    from dflash_trt.triton.server import free_port
+
+    server = served[0]
+    port = free_port()
+    running = Front(make_app(server.url, server.grpc_url, frozenset(server.models)), "127.0.0.1", port).start()
+    yield f"127.0.0.1:{port}"
+    running.stop()
+
+
 def pytest_configure(config):
     import torch
 

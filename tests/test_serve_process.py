@@ -200,3 +200,45 @@ def test_a_killed_model_process_or_server_is_restarted_and_in_flight_requests_en
             proc.kill()
         for pid in _server_pids(shipped_repo):
             os.kill(pid, signal.SIGKILL)
+
+
+DEEP = b'{"text_input": ' + b"[" * 150_000 + b"]" * 150_000 + b"}"
+
+
+def _post_raw(port: int, path: str, raw: bytes) -> int | str:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=raw)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError as exc:
+        return type(exc).__name__
+
+
+def test_deep_json_kills_bare_tritonserver_but_not_serve(repo):
+    """Why the front exists: tritonserver 2.51's JSON parser crashes (SIGSEGV) on ~300 KB of nesting."""
+    from dflash_trt.triton.server import TritonServer
+
+    bare = TritonServer(repo)
+    if bare.binary.origin == "pytriton":  # the measured 2.51; a system server may be newer
+        bare.start(timeout=180)
+        try:
+            _post_raw(bare.ports.http, "/v2/models/dflash/generate", DEEP)
+            bare.process.wait(timeout=30)
+            assert bare.process.returncode == -signal.SIGSEGV
+        finally:
+            bare.stop()
+    proc, ports = _serve(repo)
+    try:
+        _read_until(proc, "ready:")
+        for path in ("/v2/models/dflash/generate", "/v2/models/dflash/infer", "/v2/repository/index"):
+            assert _post_raw(ports.http, path, DEEP) == 400
+        assert _post_raw(ports.http, "/v2/models/dflash/generate", b'{"input_ids": [1, 2], "max_tokens": 2}') == 200
+        assert proc.poll() is None and len(_server_pids(repo)) == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)

@@ -10,7 +10,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,32 +18,14 @@ import pytest
 from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.engine.config import load_build_config
 from dflash_trt.errors import RequestError
-from dflash_trt.runtime import backends
 from dflash_trt.triton.client import grpc_generate, http_generate, request_inputs
 from dflash_trt.triton.protocol import parse_request
-from dflash_trt.triton.repository import publish
-from dflash_trt.triton.server import TritonServer
 
 pytestmark = pytest.mark.integration
-ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["def parse_args(argv):\n", "class Queue:\n    def __init__(self", "import os\nimport sys\n\n",
            "    for name, value in items:\n"]
 PARAMS = [dict(temperature=0.0), dict(temperature=0.8, top_k=40, seed=7), dict(temperature=1.0, top_p=0.9, seed=3)]
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("served")
-    cfg = load_build_config(ROOT / "build_configs" / "tiny-cpu.yaml")
-    cfg = replace(cfg, output=str(root / "bundle"), repository=str(root / "repo"))
-    bundle, manifest, _ = backends.build(cfg, log=lambda m: None)
-    repo = publish(bundle, root / "repo")
-    server = TritonServer(repo, log_path=root / "server.log").start(timeout=180)
-    from dflash_trt.engine.torch_backend import load_bundle
-
-    _, pair = load_bundle(bundle, device="cpu")
-    yield server, pair, manifest
-    server.stop()
 
 
 def expected_tokens(pair, inputs_list, max_seq_len=512):
@@ -58,7 +40,7 @@ def expected_tokens(pair, inputs_list, max_seq_len=512):
 
 
 @pytest.mark.parametrize("params", PARAMS, ids=["greedy", "topk", "topp"])
-def test_served_equals_autoregressive_over_every_transport(served, params):
+def test_served_equals_autoregressive_over_every_transport(served, front, params):
     server, pair, _ = served
     inputs = [request_inputs(p, max_tokens=40, **params) for p in PROMPTS[:2]]
     expected = expected_tokens(pair, inputs)
@@ -69,6 +51,8 @@ def test_served_equals_autoregressive_over_every_transport(served, params):
             "grpc": grpc_generate(server.grpc_url, inp | {"stream": False}),
             "http-generate": http_generate(server.url, inp | {"stream": False}),
             "http-generate_stream": http_generate(server.url, inp | {"stream": True}),
+            "front-generate": http_generate(front, inp | {"stream": False}),
+            "front-generate_stream": http_generate(front, inp | {"stream": True}),
         }
         for name, result in runs.items():
             assert result.token_ids == tokens, name

@@ -13,17 +13,24 @@ import click
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=8002, show_default=True)
 @click.option("--log", "log_path", type=click.Path(dir_okay=False),
               help="Server log file (default: the server's output goes to this terminal).")
-def serve_command(repository, host, http_port, grpc_port, metrics_port, log_path):
+@click.option("--front/--no-front", default=True, show_default=True,
+              help="Serve the HTTP port through dflash-trt's guarded front (body and JSON-depth limits, strict "
+                   "generate fields, cancel on disconnect); --no-front exposes Triton's own HTTP server.")
+@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=8 << 20, show_default=True,
+              help="The front's largest request body.")
+def serve_command(repository, host, http_port, grpc_port, metrics_port, log_path, front, max_body_bytes):
     """Start tritonserver (system install or the nvidia-pytriton binary), wait until ready, keep it serving
     (a dead server or model process is restarted, with back-off), stop on Ctrl-C or SIGTERM."""
     import signal
     import threading
 
-    from dflash_trt.triton.server import Ports, TritonServer
+    from dflash_trt.triton.server import Ports, TritonServer, free_port
     from dflash_trt.triton.supervisor import Supervisor
 
+    triton_http = free_port() if front else http_port  # behind the front: a private loopback port
     try:
-        server = TritonServer(repository, host, Ports(http_port, grpc_port, metrics_port), log_path)
+        server = TritonServer(repository, host, Ports(triton_http, grpc_port, metrics_port), log_path,
+                              http_host="127.0.0.1" if front else host)
     except FileNotFoundError as exc:
         raise click.ClickException(str(exc)) from None
     for name in server.ignored:
@@ -32,10 +39,28 @@ def serve_command(repository, host, http_port, grpc_port, metrics_port, log_path
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     with server:
-        click.echo(f"ready: grpc {server.grpc_url}  http {server.url}  metrics {host}:{metrics_port}  (Ctrl-C stops)")
-        supervisor = Supervisor(server, on_event=lambda message: click.echo(f"supervisor: {message}", err=True))
+        http = _start_front(server, host, http_port, max_body_bytes) if front else None
         try:
+            click.echo(f"ready: grpc {server.grpc_url}  http {host}:{http_port}  metrics {host}:{metrics_port}  "
+                       "(Ctrl-C stops)")
+            supervisor = Supervisor(server, on_event=lambda message: click.echo(f"supervisor: {message}", err=True))
             supervisor.watch(stopped)  # restarts a dead server or model process, boundedly; raises past the budget
         except KeyboardInterrupt:
             pass
+        finally:
+            if http is not None:
+                http.stop()
         click.echo("stopping tritonserver")
+
+
+def _start_front(server, host: str, port: int, max_body_bytes: int):
+    from dflash_trt.triton.front import FrontLimits
+    from dflash_trt.triton.front_app import Front, make_app
+    from dflash_trt.triton.repository import is_published_model
+
+    models = frozenset(m for m in server.models if is_published_model(server.repository / m))
+    app = make_app(server.url, f"127.0.0.1:{server.ports.grpc}", models, FrontLimits(max_body_bytes=max_body_bytes))
+    try:
+        return Front(app, host, port).start()
+    except RuntimeError as exc:
+        raise click.ClickException(f"{exc} ({host}:{port})") from None

@@ -149,8 +149,9 @@ class TritonServer:
     `log_path` None: the server's output goes where this process's goes (inherited)."""
 
     def __init__(self, repository: str | Path, host: str = "127.0.0.1", ports: Ports | None = None,
-                 log_path: str | Path | None = None, extra_args: tuple[str, ...] = ()):
+                 log_path: str | Path | None = None, extra_args: tuple[str, ...] = (), http_host: str | None = None):
         self.repository, self.host = Path(repository), host
+        self.http_host = http_host or host  # 127.0.0.1 behind the HTTP front
         self.ports = ports or Ports.pick()
         self.log_path = Path(log_path) if log_path else None
         self.extra_args, self.process = extra_args, None
@@ -165,7 +166,7 @@ class TritonServer:
         p, h = self.ports, self.host
         cmd = [*_die_with_parent(), str(self.binary.executable), f"--model-repository={self.repository.resolve()}",
                "--model-control-mode=explicit", *(f"--load-model={m}" for m in self.models),
-               f"--http-address={h}", f"--http-port={p.http}", f"--grpc-address={h}", f"--grpc-port={p.grpc}",
+               f"--http-address={self.http_host}", f"--http-port={p.http}", f"--grpc-address={h}", f"--grpc-port={p.grpc}",
                f"--metrics-address={h}", f"--metrics-port={p.metrics}", "--allow-metrics=true",
                "--allow-gpu-metrics=false", "--exit-timeout-secs=10", *self.extra_args]
         if self.binary.backend_dir is not None:
@@ -174,7 +175,7 @@ class TritonServer:
 
     @property
     def url(self) -> str:
-        return f"{self.host}:{self.ports.http}"
+        return f"{self.http_host}:{self.ports.http}"
 
     @property
     def grpc_url(self) -> str:

@@ -1,0 +1,173 @@
+"""The front's routes and its server (triton/front.py has the why and the guards).
+
+    POST /v2/models/<dflash model>/generate          strict body -> gRPC stream -> one JSON response
+    POST /v2/models/<dflash model>/generate_stream   strict body -> gRPC stream -> server-sent events
+    anything else                                    passed through to Triton's private HTTP port
+
+`Front` runs the app with uvicorn in a thread beside the supervisor; it binds 127.0.0.1 unless told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+from dflash_trt.errors import RequestError
+from dflash_trt.triton.front import (
+    HOP_HEADERS,
+    BodyGuard,
+    FrontLimits,
+    GrpcGenerate,
+    is_final,
+    output_json,
+    refusal,
+)
+from dflash_trt.triton.http_inputs import generate_inputs
+
+
+def _sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _client_gone(request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits: FrontLimits = FrontLimits()):
+    """The ASGI app: `models` are the dflash models whose generate endpoints the front serves itself."""
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.background import BackgroundTask
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    grpc, http = GrpcGenerate(triton_grpc), httpx.AsyncClient(base_url=f"http://{triton_http}", timeout=None)
+
+    async def passthrough(request):
+        query = f"?{request.url.query}" if request.url.query else ""
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS]
+        upstream_request = http.build_request(request.method, request.url.path + query, headers=headers,
+                                              content=await request.body())
+        try:
+            upstream = await http.send(upstream_request, stream=True)
+        except httpx.TransportError as exc:
+            return JSONResponse({"error": f"tritonserver is not reachable (restarting?): {exc}"}, 503)
+        kept = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
+        return StreamingResponse(upstream.aiter_raw(), status_code=upstream.status_code, headers=kept,
+                                 background=BackgroundTask(upstream.aclose))
+
+    async def start(request):
+        """(model, response iterator, cancel), or a Response refusing the request."""
+        model = request.path_params["model"]
+        try:
+            arrays = generate_inputs(json.loads(await request.body() or b"null"))
+        except RequestError as exc:
+            return JSONResponse({"error": exc.format_message()}, 400)
+        iterator, cancel = grpc.responses(model, arrays)
+        return model, iterator, cancel
+
+    async def until_final(iterator, model: str, stop_after_first: bool):
+        """The first response (stop_after_first) or the final one, as (result, None) or (None, Response)."""
+        while True:
+            try:
+                result, error = await iterator.__anext__()
+            except Exception as exc:  # noqa: BLE001 - gRPC errors: unreachable, unknown model, gone mid-answer
+                status, message = refusal(exc)
+                return None, JSONResponse({"error": message}, status)
+            if error is not None:
+                return None, JSONResponse({"error": error.message()}, 400)
+            if stop_after_first or is_final(result, None):
+                return result, None
+
+    async def raced(request, coro, cancel):
+        """`coro`'s value, or None when the client disconnects first (the request is then cancelled)."""
+        answer, gone = asyncio.ensure_future(coro), asyncio.ensure_future(_client_gone(request))
+        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not answer.done():
+            answer.cancel()
+            cancel()
+            return None
+        return answer.result()
+
+    async def generate(request):
+        if request.path_params["model"] not in models:
+            return await passthrough(request)
+        started = await start(request)
+        if isinstance(started, Response):
+            return started
+        model, iterator, cancel = started
+        outcome = await raced(request, until_final(iterator, model, stop_after_first=False), cancel)
+        cancel()
+        if outcome is None:
+            return Response(status_code=499)  # the client left
+        result, refused = outcome
+        return refused or JSONResponse(output_json(result, model))
+
+    async def generate_stream(request):
+        if request.path_params["model"] not in models:
+            return await passthrough(request)
+        started = await start(request)
+        if isinstance(started, Response):
+            return started
+        model, iterator, cancel = started
+        outcome = await raced(request, until_final(iterator, model, stop_after_first=True), cancel)
+        if outcome is None or outcome[1] is not None:  # gone, or refused before any output: a plain status
+            cancel()
+            return outcome[1] if outcome else Response(status_code=499)
+        first = outcome[0]
+
+        async def events():
+            try:
+                current = first
+                yield _sse(output_json(current, model))
+                while not is_final(current, None):
+                    current, error = await iterator.__anext__()
+                    if error is not None:
+                        yield _sse({"error": error.message()})
+                        return
+                    yield _sse(output_json(current, model))
+            except Exception as exc:  # noqa: BLE001 - the server went away mid-stream
+                yield _sse({"error": refusal(exc)[1]})
+            finally:
+                cancel()  # also when the client disconnects (Starlette cancels this generator)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    methods = ["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"]
+    routes = [
+        Route("/v2/models/{model}/generate", generate, methods=["POST"]),
+        Route("/v2/models/{model}/generate_stream", generate_stream, methods=["POST"]),
+        Route("/v2/models/{model}/versions/{version}/generate", generate, methods=["POST"]),
+        Route("/v2/models/{model}/versions/{version}/generate_stream", generate_stream, methods=["POST"]),
+        Route("/{path:path}", passthrough, methods=methods),
+    ]
+    return BodyGuard(Starlette(routes=routes), limits)
+
+
+class Front:
+    """uvicorn serving the front app in a thread; `start()` returns once it listens."""
+
+    def __init__(self, app, host: str, port: int):
+        import uvicorn
+
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="dflash-front", daemon=True)
+
+    def start(self, timeout: float = 30.0) -> "Front":
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the HTTP front did not start (is the port free?)")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
