@@ -31,6 +31,13 @@ def _sse(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
+def _json(payload: dict, status: int = 200):
+    """A JSON response written as ASCII (a message may quote a client's lone surrogate)."""
+    from starlette.responses import Response
+
+    return Response(json.dumps(payload, separators=(",", ":")), status, media_type="application/json")
+
+
 async def _client_gone(request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
@@ -41,7 +48,7 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
     import httpx
     from starlette.applications import Starlette
     from starlette.background import BackgroundTask
-    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.responses import Response, StreamingResponse
     from starlette.routing import Route
 
     grpc, http = GrpcGenerate(triton_grpc), httpx.AsyncClient(base_url=f"http://{triton_http}", timeout=None)
@@ -54,7 +61,7 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
         try:
             upstream = await http.send(upstream_request, stream=True)
         except httpx.TransportError as exc:
-            return JSONResponse({"error": f"tritonserver is not reachable (restarting?): {exc}"}, 503)
+            return _json({"error": f"tritonserver is not reachable (restarting?): {exc}"}, 503)
         kept = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
         return StreamingResponse(upstream.aiter_raw(), status_code=upstream.status_code, headers=kept,
                                  background=BackgroundTask(upstream.aclose))
@@ -65,7 +72,7 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
         try:
             arrays = generate_inputs(json.loads(await request.body() or b"null"))
         except RequestError as exc:
-            return JSONResponse({"error": exc.format_message()}, 400)
+            return _json({"error": exc.format_message()}, 400)
         iterator, cancel = grpc.responses(model, arrays)
         return model, iterator, cancel
 
@@ -76,9 +83,9 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
                 result, error = await iterator.__anext__()
             except Exception as exc:  # noqa: BLE001 - gRPC errors: unreachable, unknown model, gone mid-answer
                 status, message = refusal(exc)
-                return None, JSONResponse({"error": message}, status)
+                return None, _json({"error": message}, status)
             if error is not None:
-                return None, JSONResponse({"error": error.message()}, 400)
+                return None, _json({"error": error.message()}, 400)
             if stop_after_first or is_final(result, None):
                 return result, None
 
@@ -105,7 +112,7 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
         if outcome is None:
             return Response(status_code=499)  # the client left
         result, refused = outcome
-        return refused or JSONResponse(output_json(result, model))
+        return refused or _json(output_json(result, model))
 
     async def generate_stream(request):
         if request.path_params["model"] not in models:

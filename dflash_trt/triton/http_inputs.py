@@ -10,6 +10,7 @@ and the error names the field and what was expected. The result goes to Triton o
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -71,7 +72,8 @@ def _check(name: str, kind: str, bounds, value) -> list:
 
 
 def json_repr(value) -> str:
-    text = repr(value) if not isinstance(value, str) else f'"{value}"'
+    """The value as JSON (ASCII: a lone surrogate stays an escape), cut to 40 characters."""
+    text = json.dumps(value, ensure_ascii=True)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
