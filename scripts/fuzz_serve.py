@@ -22,10 +22,17 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
-from serve_harness import ROOT, RssSampler, Served, build_repository, canary_tokens, request_inputs, write_report
+from serve_harness import (
+    RssSampler,
+    Served,
+    add_common_args,
+    build_repository,
+    canary_tokens,
+    request_inputs,
+    write_report,
+)
 
 TEXT = "def main(argv):\n"
 
@@ -175,12 +182,10 @@ def inject_fault(served: Served, rng: random.Random) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--faults", type=int, default=0, help="kill -9 a model process this many times")
     ap.add_argument("--timeout", type=float, default=60.0, help="a request slower than this is a hang")
     ap.add_argument("--max-seconds", type=float, default=1800.0)
-    ap.add_argument("--work", type=Path, default=ROOT / "out" / "reliability")
-    ap.add_argument("--out", type=Path, default=ROOT / "out" / "reliability" / "fuzz.json")
+    add_common_args(ap, "fuzz")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     served = Served(build_repository(args.work), args.work / "fuzz-serve.log")

@@ -103,15 +103,23 @@ class Served:
                 continue
         return None
 
-    def rss_bytes(self) -> int:
-        total = 0
-        for pid in self.pids():
+    def rss_by_process(self) -> dict[str, int]:
+        """RSS bytes of `dflash-trt serve` itself (its HTTP front), the server and each model process."""
+        out = {"serve (front)": _rss(self.process.pid)}
+        pids = self.pids()
+        if pids:
+            out["tritonserver"] = _rss(pids[0])
+        for pid in pids[1:]:
             try:
-                fields = Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()
-                total += int(fields[0]) * 1024
-            except (OSError, IndexError, ValueError):
+                model = Path(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1].decode()).parent.parent.name
+            except (OSError, IndexError):
                 continue
-        return total
+            out[f"model {model}"] = _rss(pid)
+        return out
+
+    def rss_bytes(self) -> int:
+        """The server and its model processes (what serving costs; the front is reported on its own)."""
+        return sum(v for k, v in self.rss_by_process().items() if k != "serve (front)")
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -123,11 +131,19 @@ class Served:
         self.log.close()
 
 
+def _rss(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0]) * 1024
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 class RssSampler:
     """Samples the served processes' RSS every `every_s` in a thread: start, end, max."""
 
     def __init__(self, served: Served, every_s: float = 1.0):
         self.served, self.every_s, self.samples = served, every_s, [served.rss_bytes()]
+        self.first = served.rss_by_process()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -141,12 +157,21 @@ class RssSampler:
         self.thread.join()
         self.samples.append(self.served.rss_bytes())
         mb = lambda b: round(b / 2**20, 1)  # noqa: E731
+        last = self.served.rss_by_process()
+        by_process = {k: {"start_mb": mb(v), "end_mb": mb(last.get(k, 0))} for k, v in self.first.items()}
         return {"start_mb": mb(self.samples[0]), "end_mb": mb(self.samples[-1]), "max_mb": mb(max(self.samples)),
-                "samples_mb": [mb(s) for s in self.samples]}
+                "by_process": by_process, "samples_mb": [mb(s) for s in self.samples]}
 
 
 def canary_tokens(served: Served) -> list[int]:
     return grpc_generate(served.grpc, CANARY, timeout=60).token_ids
+
+
+def add_common_args(parser, name: str) -> None:
+    """--seed, --work (bundle, repository, server log) and --out (the JSON report) of both harnesses."""
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work", type=Path, default=ROOT / "out" / "reliability")
+    parser.add_argument("--out", type=Path, default=ROOT / "out" / "reliability" / f"{name}.json")
 
 
 def write_report(path: Path, report: dict) -> None:
@@ -155,5 +180,5 @@ def write_report(path: Path, report: dict) -> None:
     print(json.dumps(report, indent=2))
 
 
-__all__ = ["Served", "RssSampler", "build_repository", "canary_tokens", "write_report", "http_generate",
-           "grpc_generate", "request_inputs", "os"]
+__all__ = ["Served", "RssSampler", "add_common_args", "build_repository", "canary_tokens", "write_report",
+           "http_generate", "grpc_generate", "request_inputs", "os"]

@@ -67,8 +67,10 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
                                  background=BackgroundTask(upstream.aclose))
 
     async def start(request):
-        """(model, response iterator, cancel), or a Response refusing the request."""
+        """(model, response iterator, cancel), or a Response: refused, or another model's (passed through)."""
         model = request.path_params["model"]
+        if model not in models:
+            return await passthrough(request)
         try:
             arrays = generate_inputs(json.loads(await request.body() or b"null"))
         except RequestError as exc:
@@ -101,8 +103,6 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
         return answer.result()
 
     async def generate(request):
-        if request.path_params["model"] not in models:
-            return await passthrough(request)
         started = await start(request)
         if isinstance(started, Response):
             return started
@@ -115,8 +115,6 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
         return refused or _json(output_json(result, model))
 
     async def generate_stream(request):
-        if request.path_params["model"] not in models:
-            return await passthrough(request)
         started = await start(request)
         if isinstance(started, Response):
             return started
