@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dflash_trt.triton.client import grpc_generate, http_generate, request_inputs  # noqa: E402
-from dflash_trt.triton.server import Ports  # noqa: E402
+from dflash_trt.triton.server import Ports, model_processes, server_pids  # noqa: E402
 
 CANARY = request_inputs("def parse_args(argv):\n", max_tokens=32, stream=False)
 
@@ -70,51 +70,21 @@ class Served:
         raise TimeoutError(f"not serving after {timeout} s")
 
     def server_pid(self) -> int | None:
-        for proc in Path("/proc").iterdir():
-            try:
-                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if any(p.endswith(b"tritonserver") for p in cmdline[:5]) and \
-                    f"--model-repository={self.repository.resolve()}".encode() in cmdline:
-                return int(proc.name)
-        return None
-
-    def pids(self) -> list[int]:
-        """The server and its model processes."""
-        server = self.server_pid()
-        if server is None:
-            return []
-        out = [server]
-        for proc in Path("/proc").iterdir():
-            try:
-                if proc.name.isdigit() and int((proc / "stat").read_text().rpartition(")")[2].split()[1]) == server:
-                    out.append(int(proc.name))
-            except (OSError, ValueError):
-                continue
-        return out
+        pids = server_pids(self.repository)
+        return pids[0] if pids else None
 
     def model_pid(self, model: str) -> int | None:
-        for pid in self.pids()[1:]:
-            try:
-                if f"/{model}/1/".encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    return pid
-            except OSError:
-                continue
-        return None
+        server = self.server_pid()
+        pids = model_processes(server).get(model, []) if server is not None else []
+        return pids[0] if pids else None
 
     def rss_by_process(self) -> dict[str, int]:
         """RSS bytes of `dflash-trt serve` itself (its HTTP front), the server and each model process."""
         out = {"serve (front)": _rss(self.process.pid)}
-        pids = self.pids()
-        if pids:
-            out["tritonserver"] = _rss(pids[0])
-        for pid in pids[1:]:
-            try:
-                model = Path(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1].decode()).parent.parent.name
-            except (OSError, IndexError):
-                continue
-            out[f"model {model}"] = _rss(pid)
+        server = self.server_pid()
+        if server is not None:
+            out["tritonserver"] = _rss(server)
+            out |= {f"model {model}": _rss(pids[0]) for model, pids in model_processes(server).items()}
         return out
 
     def rss_bytes(self) -> int:

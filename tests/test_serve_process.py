@@ -16,7 +16,7 @@ import yaml
 from dflash_trt.engine.config import load_build_config
 from dflash_trt.runtime import backends
 from dflash_trt.triton.repository import publish
-from dflash_trt.triton.server import Ports
+from dflash_trt.triton.server import Ports, model_processes, server_pids
 
 pytestmark = pytest.mark.integration
 
@@ -51,19 +51,6 @@ def _read_until(proc: subprocess.Popen, needle: str, timeout: float = 120) -> li
     raise AssertionError(f"{needle!r} not seen; output:\n{''.join(lines[-40:])}")
 
 
-def _server_pids(repository: Path) -> list[int]:
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(part.endswith(b"tritonserver") for part in cmdline[:5]) and \
-                f"--model-repository={repository.resolve()}".encode() in cmdline:
-            pids.append(int(proc.name))
-    return pids
-
-
 def test_killed_serve_takes_its_server_along_and_leftovers_are_ignored(tmp_path, repo):
     import shutil
 
@@ -76,15 +63,15 @@ def test_killed_serve_takes_its_server_along_and_leftovers_are_ignored(tmp_path,
         text = "".join(lines)
         assert f"{leftover.name}: not a model folder" in text and "ignored" in text
         assert "Started GRPCInferenceService" in text  # no --log: the server's output is inherited
-        (server,) = _server_pids(repository)
+        (server,) = server_pids(repository)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         deadline = time.monotonic() + 30
-        while _server_pids(repository) and time.monotonic() < deadline:
+        while server_pids(repository) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _server_pids(repository) == [], "tritonserver outlived a killed `dflash-trt serve`"
+        assert server_pids(repository) == [], "tritonserver outlived a killed `dflash-trt serve`"
     finally:
-        for pid in _server_pids(repository):
+        for pid in server_pids(repository):
             os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()
@@ -116,17 +103,10 @@ def shipped_repo(tmp_path_factory):
 
 
 def _kill_model_process(repository: Path, model: str) -> int:
-    (server,) = _server_pids(repository)
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            ppid = int((proc / "stat").read_text().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == server and cmdline[0].endswith(b"triton_python_backend_stub") and f"/{model}/1/".encode() in cmdline[1]:
-            os.kill(int(proc.name), signal.SIGKILL)
-            return int(proc.name)
-    raise AssertionError(f"no model process of {model}")
+    (server,) = server_pids(repository)
+    (pid,) = model_processes(server)[model]
+    os.kill(pid, signal.SIGKILL)
+    return pid
 
 
 def _metric(ports: Ports, name: str, model: str) -> float:
@@ -187,7 +167,7 @@ def test_a_killed_model_process_or_server_is_restarted_and_in_flight_requests_en
         result = _generate_soon(ports, 30, max_tokens=8)
         assert result.token_ids and time.monotonic() - killed_at < 30
         assert _metric(ports, "dflash_server_restarts_total", "dflash") == 1.0
-        (server,) = _server_pids(shipped_repo)
+        (server,) = server_pids(shipped_repo)
         os.kill(server, signal.SIGKILL)
         assert _generate_soon(ports, 30, max_tokens=8).token_ids
         assert _metric(ports, "dflash_server_restarts_total", "dflash_ar") == 2.0
@@ -198,7 +178,7 @@ def test_a_killed_model_process_or_server_is_restarted_and_in_flight_requests_en
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-        for pid in _server_pids(shipped_repo):
+        for pid in server_pids(shipped_repo):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -238,7 +218,7 @@ def test_deep_json_kills_bare_tritonserver_but_not_serve(repo):
         for path in ("/v2/models/dflash/generate", "/v2/models/dflash/infer", "/v2/repository/index"):
             assert _post_raw(ports.http, path, DEEP) == 400
         assert _post_raw(ports.http, "/v2/models/dflash/generate", b'{"input_ids": [1, 2], "max_tokens": 2}') == 200
-        assert proc.poll() is None and len(_server_pids(repo)) == 1
+        assert proc.poll() is None and len(server_pids(repo)) == 1
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)

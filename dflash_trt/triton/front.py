@@ -35,22 +35,31 @@ class FrontLimits:
     max_json_depth: int = 32
 
 
-def json_problem(raw: bytes, max_depth: int) -> str | None:
-    """Why `raw` must not reach Triton's JSON parser (invalid, or nested deeper than max_depth), or None."""
+JSON_BODY = "dflash_json_body"  # the guard's parsed body, in the ASGI scope's state (parsed once)
+
+
+def checked_json(raw: bytes, max_depth: int):
+    """(value, None), or (None, why `raw` must not reach Triton's JSON parser: invalid, or nested
+    deeper than max_depth)."""
     try:
         value = json.loads(raw)
     except RecursionError:
-        return f"JSON nested deeper than {max_depth} levels"
+        return None, f"JSON nested deeper than {max_depth} levels"
     except ValueError as exc:
-        return f"not valid JSON ({exc})"
+        return None, f"not valid JSON ({exc})"
     stack = [(value, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > max_depth:
-            return f"JSON nested deeper than {max_depth} levels"
+            return None, f"JSON nested deeper than {max_depth} levels"
         children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return None
+    return value, None
+
+
+def json_problem(raw: bytes, max_depth: int) -> str | None:
+    """Why `raw` must not reach Triton's JSON parser, or None."""
+    return checked_json(raw, max_depth)[1]
 
 
 class BodyGuard:
@@ -79,7 +88,7 @@ class BodyGuard:
             more = message.get("more_body", False)
             if len(body) > self.limits.max_body_bytes:
                 return await _error(send, 413, too_large) if not more or await _drain(receive, 0) else None
-        problem = self._problem(body, headers)
+        problem = self._problem(body, headers, scope)
         if problem:
             return await _error(send, 400, problem)
         replayed = False
@@ -93,7 +102,7 @@ class BodyGuard:
 
         await self.app(scope, replay, send)
 
-    def _problem(self, body: bytes, headers: dict) -> str | None:
+    def _problem(self, body: bytes, headers: dict, scope) -> str | None:
         header_length = headers.get("inference-header-content-length")
         if header_length is not None:  # binary tensor extension: only the first N bytes are JSON
             if not header_length.isdigit() or int(header_length) > len(body):
@@ -101,7 +110,10 @@ class BodyGuard:
             body = body[: int(header_length)]
         if not body.strip():
             return None
-        return json_problem(body, self.limits.max_json_depth)
+        value, problem = checked_json(body, self.limits.max_json_depth)
+        if header_length is None:  # the whole body is JSON: the app reads it from here, not again
+            scope.setdefault("state", {})[JSON_BODY] = value
+        return problem
 
 
 DRAIN_BYTES = 64 << 20  # a refused body up to this size is read and dropped, so its client reads the 413

@@ -17,6 +17,7 @@ import time
 from dflash_trt.errors import RequestError
 from dflash_trt.triton.front import (
     HOP_HEADERS,
+    JSON_BODY,
     BodyGuard,
     FrontLimits,
     GrpcGenerate,
@@ -72,7 +73,9 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
         if model not in models:
             return await passthrough(request)
         try:
-            arrays = generate_inputs(json.loads(await request.body() or b"null"))
+            state = request.scope.get("state", {})  # the guard parsed the body (absent: it was empty)
+            body = state[JSON_BODY] if JSON_BODY in state else json.loads(await request.body() or b"null")
+            arrays = generate_inputs(body)
         except RequestError as exc:
             return _json({"error": exc.format_message()}, 400)
         iterator, cancel = grpc.responses(model, arrays)

@@ -185,12 +185,10 @@ class Orchestrator:
         on_step = lambda step: self.emitter.post(lambda: self.metrics.on_step(step))  # noqa: E731
         runners = open_runners(params["bundle_path"], self.limits, params.get("device") or None, manifest)
         self.tokenizer, self.vocab_size, self.eos_ids = runners.tokenizer, runners.vocab_size, runners.eos_ids
+        self.detokenize = runners.detokenize
         self.request_limits = RequestLimits.for_tokenizer(self.tokenizer, self.limits.max_seq_len)
         self.service = DFlashService(None, self.limits, on_step=on_step, runners=(runners.target, runners.draft),
                                      detokenize=runners.detokenize)
-
-    def detokenize(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def execute(self, requests) -> None:
         for request in requests:

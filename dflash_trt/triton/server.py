@@ -143,13 +143,44 @@ def _die_with_parent() -> list[str]:
     return [setpriv, "--pdeathsig", "SIGTERM", "--"] if setpriv else []
 
 
+def _processes():
+    """(pid, stat fields after the command name, argv) of every readable process (Linux /proc)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text().rpartition(")")[2].split()
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        yield int(proc.name), stat, argv
+
+
+def server_pids(repository: Path) -> list[int]:
+    """The tritonserver processes serving `repository` (any parent)."""
+    flag = f"--model-repository={Path(repository).resolve()}".encode()
+    return [pid for pid, _, argv in _processes() if any(a.endswith(b"tritonserver") for a in argv[:5]) and flag in argv]
+
+
+def model_processes(server_pid: int) -> dict[str, list[int]]:
+    """The live Python-backend stub processes of a server, by model: its children whose command is the
+    stub, its first argument `REPO/<model>/<version>/model.py`."""
+    out: dict[str, list[int]] = {}
+    for pid, (state, ppid, *_), argv in _processes():
+        if int(ppid) == server_pid and state != "Z" and argv[0].endswith(b"triton_python_backend_stub"):
+            model = Path(argv[1].decode(errors="replace")).parent.parent.name if len(argv) > 1 else "?"
+            out.setdefault(model, []).append(pid)
+    return out
+
+
 class TritonServer:
     """A tritonserver process for one model repository; a context manager that stops it.
 
     `log_path` None: the server's output goes where this process's goes (inherited)."""
 
     def __init__(self, repository: str | Path, host: str = "127.0.0.1", ports: Ports | None = None,
-                 log_path: str | Path | None = None, extra_args: tuple[str, ...] = (), http_host: str | None = None):
+                 log_path: str | Path | None = None, extra_args: tuple[str, ...] = (),
+                 http_host: str | None = None):
         self.repository, self.host = Path(repository), host
         self.http_host = http_host or host  # 127.0.0.1 behind the HTTP front
         self.ports = ports or Ports.pick()
@@ -166,7 +197,8 @@ class TritonServer:
         p, h = self.ports, self.host
         cmd = [*_die_with_parent(), str(self.binary.executable), f"--model-repository={self.repository.resolve()}",
                "--model-control-mode=explicit", *(f"--load-model={m}" for m in self.models),
-               f"--http-address={self.http_host}", f"--http-port={p.http}", f"--grpc-address={h}", f"--grpc-port={p.grpc}",
+               f"--http-address={self.http_host}", f"--http-port={p.http}",
+               f"--grpc-address={h}", f"--grpc-port={p.grpc}",
                f"--metrics-address={h}", f"--metrics-port={p.metrics}", "--allow-metrics=true",
                "--allow-gpu-metrics=false", "--exit-timeout-secs=10", *self.extra_args]
         if self.binary.backend_dir is not None:
@@ -187,8 +219,8 @@ class TritonServer:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab") if self.log_path else None
         try:
-            self.process = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(self.command(), env=env, stdout=log,
+                                            stderr=subprocess.STDOUT if log else None, start_new_session=True)
         finally:
             if log is not None:
                 log.close()  # the child keeps its own descriptor
@@ -212,25 +244,8 @@ class TritonServer:
         raise ServerStartError(f"tritonserver not ready after {timeout:.0f} s" + self._log_hint())
 
     def model_processes(self) -> dict[str, list[int]]:
-        """The live Python-backend stub processes of this server, by model (from /proc: children of
-        the server whose command is the stub, its first argument `REPO/<model>/<version>/model.py`)."""
-        out: dict[str, list[int]] = {}
-        if self.process is None:
-            return out
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                stat = (proc / "stat").read_text()
-                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            state, ppid = stat.rpartition(")")[2].split()[:2]
-            if int(ppid) != self.process.pid or state == "Z" or not cmdline[0].endswith(b"triton_python_backend_stub"):
-                continue
-            model = Path(cmdline[1].decode(errors="replace")).parent.parent.name if len(cmdline) > 1 else "?"
-            out.setdefault(model, []).append(int(proc.name))
-        return out
+        """The live model processes of this server, by model (`model_processes`)."""
+        return {} if self.process is None else model_processes(self.process.pid)
 
     def _log_hint(self) -> str:
         """The reason, from the server's log: each model's load error, else its error lines."""
