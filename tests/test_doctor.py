@@ -107,3 +107,30 @@ def test_doctor_reports_the_cpu_layer_switched_off_or_unbuildable(monkeypatch):
         assert row["status"] == "missing" and "no C++ compiler" in row["detail"] and "g++" in row["fix"]
     finally:
         cpu_ops.library.cache_clear()
+
+
+def test_doctor_and_build_refuse_a_plugin_without_a_kernel_for_the_gpu(monkeypatch, tmp_path):
+    """A library compiled (by the real nvcc) for sm_90a only: fine on an H200, refused on an A100."""
+    import shutil
+    import subprocess
+
+    from dflash_trt.errors import ConfigError
+    from dflash_trt.trtllm import build_steps
+    from dflash_trt.trtllm.plugin import LIBRARY_ENV
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    source, library = tmp_path / "k.cu", tmp_path / "libdflash_verify_trt.so"
+    source.write_text("__global__ void k(float* x) { x[threadIdx.x] *= 2.f; }\n")
+    subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", "-gencode=arch=compute_90a,code=sm_90a", str(source),
+                    "-o", str(library)], check=True, capture_output=True)
+    monkeypatch.setenv(LIBRARY_ENV, str(library))
+    monkeypatch.setattr(doctor, "run", _fake_run(SMI_QUERY))
+    (plugin,) = doctor.probe_plugin()
+    assert plugin["status"] == "ok" and "sm_90a" in plugin["detail"]
+    monkeypatch.setattr(doctor, "run", _fake_run("NVIDIA A100-SXM4-80GB, 8.0, 580.65.06\n"))
+    (plugin,) = doctor.probe_plugin()
+    assert plugin["status"] == "missing" and "compute capability 8.0" in plugin["detail"] and plugin["fix"]
+    build_steps.check_plugin_covers(library, (9, 0))
+    with pytest.raises(ConfigError, match="none of which runs on this GPU"):
+        build_steps.check_plugin_covers(library, (10, 3))

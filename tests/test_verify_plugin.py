@@ -11,6 +11,7 @@ one exact fixed-point definition of the top-p mass (checked at V = 151936 on fla
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,12 +23,11 @@ from verify_rows import NAN, NEG_INF, params, random_rows
 from dflash_trt import host_build
 from dflash_trt.decoding.sampling import gumbel, log_f32, sample_tokens, survivors
 from dflash_trt.decoding.verify import verify_block
-from dflash_trt.kernels import twin
+from dflash_trt.kernels import archs, twin
 from dflash_trt.kernels import verify as dispatch
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "dflash_verify"
-ARCHS = ("90a", "100a", "120a")
-NVCC_FLAGS = ["-std=c++17", "-O3", "-c", "--threads", "0", "-Werror", "all-warnings",
+NVCC_FLAGS = ["-std=c++17", "-O3", "-fatbin", "--threads", "0", "-Werror", "all-warnings",
               "-Xcompiler", "-Wall,-Wextra,-Werror", f"-I{PLUGIN / 'include'}"]
 
 
@@ -51,20 +51,19 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def nvcc_job(request, tmp_path_factory):
-    """Start the three-arch nvcc compile in the background; the compile test waits for it."""
+    """Start the every-arch nvcc compile (kernels/archs.py) in the background; the compile test waits for it."""
     nvcc = shutil.which("nvcc")
     selected = any(item.name.startswith("test_kernels_compile") for item in request.session.items)
     if nvcc is None or not selected:
         yield None
         return
     known = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True).stdout.split()
-    missing = [a for a in ARCHS if f"sm_{a.rstrip('a')}" not in known]
+    missing = [a for a in archs.SASS if f"sm_{a}" not in known]
     if missing:
-        yield f"this nvcc cannot target {missing} (needs CUDA >= 12.8)"
+        yield f"this nvcc cannot target {missing} (needs CUDA >= 12.9)"
         return
-    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS]
-    out = tmp_path_factory.mktemp("nvcc") / "verify_kernels.o"
-    cmd = [nvcc, *NVCC_FLAGS, *gencode, str(PLUGIN / "src" / "verify_kernels.cu"), "-o", str(out)]
+    out = tmp_path_factory.mktemp("nvcc") / "verify_kernels.fatbin"
+    cmd = [nvcc, *NVCC_FLAGS, *archs.gencode_flags(), str(PLUGIN / "src" / "verify_kernels.cu"), "-o", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     yield proc, out
     if proc.poll() is None:  # the compile test failed early or was interrupted
@@ -289,17 +288,63 @@ def test_emulated_kernels_on_adversarial_rows():
 
 
 # ---------------------------------------------------------------------------------------------
-# nvcc: the kernels compile for sm_90a, sm_100a and sm_120a with warnings as errors
+# nvcc: the kernels compile for every GPU the routes accept (sm_80 .. sm_121 + PTX), warnings as errors
 # ---------------------------------------------------------------------------------------------
 
-def test_kernels_compile_for_hopper_and_blackwell_without_warnings(nvcc_job):
+def test_kernels_compile_for_every_accepted_gpu_without_warnings(nvcc_job):
     if nvcc_job is None or isinstance(nvcc_job, str):
         pytest.skip(nvcc_job or "nvcc not on PATH")
     proc, out = nvcc_job
-    output, _ = proc.communicate(timeout=300)
+    output, _ = proc.communicate(timeout=400)
     assert proc.returncode == 0, output
     assert "warning" not in output.lower(), output
-    assert out.stat().st_size > 0
+    built = archs.library_archs(out)  # what the fatbin really holds, read from its entry headers
+    assert built == archs.DEFAULT, built
+    for name, capability in GPUS.items():
+        assert archs.covers(built, capability), name
+
+
+GPUS = {"A100": (8, 0), "A10": (8, 6), "L40S": (8, 9), "H200": (9, 0), "B200": (10, 0), "B300": (10, 3),
+        "RTX 5090": (12, 0), "GB10": (12, 1), "Jetson Thor": (11, 0)}
+
+
+def test_coverage_rules_and_the_old_default():
+    """Portable cubins run on later minors of their major, `a` cubins on their GPU only, PTX on anything newer."""
+    old = archs.Archs(("90a", "100a", "120a"), ())  # the audit's finding 4: "no kernel image" on these
+    assert [n for n, c in GPUS.items() if not archs.covers(old, c)] == ["A100", "A10", "L40S", "B300", "GB10",
+                                                                         "Jetson Thor"]
+    assert not archs.covers(archs.DEFAULT, (7, 5)) and not archs.covers(archs.DEFAULT, (7, 0))  # T4, V100
+    assert archs.covers(archs.Archs(("100f",), ()), (10, 3)) and not archs.covers(archs.Archs(("100f",), ()), (12, 0))
+    assert "sm_90a" in archs.uncovered_message("lib.so", old, (8, 0)) and "80" in archs.uncovered_message("x", old, (8, 0))
+
+
+def test_cmake_defaults_are_the_python_list():
+    text = (PLUGIN / "CMakeLists.txt").read_text()
+    sass = re.search(r'set\(DFLASH_VERIFY_CUDA_ARCHS "([^"]*)"', text).group(1).split(";")
+    ptx = re.search(r'set\(DFLASH_VERIFY_PTX_ARCHS "([^"]*)"', text).group(1).split(";")
+    assert (tuple(sass), tuple(ptx)) == (archs.SASS, archs.PTX)
+    assert archs.cmake_architectures().split(";") == [f"{a}-real" for a in sass] + [f"{a}-virtual" for a in ptx]
+
+
+def test_cmake_finds_tensorrt_through_trt_root_and_fails_loudly_when_required(tmp_path):
+    """NVIDIA's Triton TensorRT-LLM images set TRT_ROOT=/usr/local/tensorrt (tensorrtllm_backend
+    dockerfile/Dockerfile.triton.trt_llm_backend@8addf2f); -DDFLASH_VERIFY_REQUIRE_TRT=ON must fail without headers."""
+    if shutil.which("cmake") is None or shutil.which("nvcc") is None:
+        pytest.skip("cmake and nvcc are needed to configure the plugin")
+    base = ["cmake", "-S", str(PLUGIN), "-DDFLASH_VERIFY_TORCH=OFF"]
+    env = {k: v for k, v in os.environ.items() if k not in ("TENSORRT_ROOT", "TRT_ROOT")}
+    if tensorrt_include_dir() is None:
+        done = subprocess.run([*base, "-B", str(tmp_path / "a"), "-DDFLASH_VERIFY_REQUIRE_TRT=ON"],
+                              capture_output=True, text=True, env=env)
+        assert done.returncode != 0 and "TensorRT headers (NvInferRuntime.h) not found" in done.stderr
+    root = tmp_path / "tensorrt"
+    (root / "include").mkdir(parents=True)
+    (root / "include" / "NvInferRuntime.h").write_text("// stands in for TensorRT's header for find_path only\n")
+    done = subprocess.run([*base, "-B", str(tmp_path / "b")], capture_output=True, text=True,
+                          env={**env, "TRT_ROOT": str(root)})
+    assert done.returncode == 0, done.stderr
+    assert f"TensorRT headers in {root / 'include'}" in done.stdout
+    assert "CUDA architectures " + archs.cmake_architectures() in done.stdout
 
 
 def tensorrt_include_dir() -> Path | None:

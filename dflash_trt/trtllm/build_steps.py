@@ -29,6 +29,17 @@ def check_gpu(cfg: BuildConfig) -> None:
     if have < need:
         raise ConfigError(f"{cfg.source}: field 'quant': {cfg.quant} needs compute capability "
                           f"{need[0]}.{need[1]}+, this GPU is {have[0]}.{have[1]}; use quant: none or another GPU")
+    check_plugin_covers(find_library(), tuple(have))
+
+
+def check_plugin_covers(library: Path, capability: tuple[int, int]) -> None:
+    """Refuse a plugin library with no kernel this GPU can run (TensorRT would fail at the first step
+    with "no kernel image is available"): the cubins / PTX its fatbin headers list (kernels/archs.py)."""
+    from dflash_trt.kernels import archs
+
+    built = archs.library_archs(library)
+    if not archs.covers(built, capability):
+        raise ConfigError(archs.uncovered_message(str(library), built, capability))
 
 
 def copy_plugin(tmp_dir: Path, log=print) -> Path:

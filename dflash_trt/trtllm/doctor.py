@@ -49,12 +49,21 @@ def capability_notes(major: int, minor: int) -> str:
     return ", ".join(notes)
 
 
-def probe_gpu() -> list[dict]:
+def gpu_query() -> tuple[str, tuple[int, int], str] | None:
+    """(name, compute capability, driver) of the first visible GPU, from nvidia-smi; None without one."""
     out = run(["nvidia-smi", "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"])
+    if not (out and out.strip()):
+        return None
+    name, cap, driver = [p.strip() for p in out.strip().splitlines()[0].split(",")][:3]
+    major, minor = (int(x) for x in cap.split("."))
+    return name, (major, minor), driver
+
+
+def probe_gpu() -> list[dict]:
+    gpu = gpu_query()
     header = run(["nvidia-smi"]) or ""
-    if out and out.strip():
-        name, cap, driver = [p.strip() for p in out.strip().splitlines()[0].split(",")][:3]
-        major, minor = (int(x) for x in cap.split("."))
+    if gpu is not None:
+        name, (major, minor), driver = gpu
         cuda = re.search(r"CUDA Version:\s*([\d.]+)", header)
         return [row("gpu", "ok", name, f"driver {driver}"),
                 row("compute capability", "ok", f"sm{major}{minor}", capability_notes(major, minor)),
@@ -120,12 +129,19 @@ def probe_package(module: str, component: str, purpose: str) -> list[dict]:
 
 
 def probe_plugin() -> list[dict]:
+    """The plugin library, the GPUs its kernels cover, and whether this machine's GPU is one of them."""
+    from dflash_trt.kernels import archs
     from dflash_trt.trtllm.plugin import BUILD_HINT, find_library
 
     path = find_library(required=False)
     if path is None:
         return [row("DFlashVerify plugin", "missing", detail="route A target engine", fix=BUILD_HINT)]
-    return [row("DFlashVerify plugin", "ok", detail=str(path))]
+    built, gpu = archs.library_archs(path), gpu_query()
+    detail = f"{path}; kernels: {built.describe()}"
+    if gpu is not None and not archs.covers(built, gpu[1]):
+        return [row("DFlashVerify plugin", "missing", detail=archs.uncovered_message(str(path), built, gpu[1]),
+                    fix=BUILD_HINT)]
+    return [row("DFlashVerify plugin", "ok", detail=detail)]
 
 
 def probe_cpu_layers() -> list[dict]:

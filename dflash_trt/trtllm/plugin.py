@@ -21,7 +21,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 LIBRARY_NAME = "libdflash_verify_trt.so"
 LIBRARY_ENV = "DFLASH_TRT_PLUGIN_LIB"
 SEARCH = (REPO_ROOT / "plugins" / "dflash_verify" / "build" / LIBRARY_NAME,)
-BUILD_HINT = ("cmake -S plugins/dflash_verify -B plugins/dflash_verify/build -DTENSORRT_ROOT=<TensorRT> && "
+BUILD_HINT = ("cmake -S plugins/dflash_verify -B plugins/dflash_verify/build -DTENSORRT_ROOT=<TensorRT> "
+              "-DDFLASH_VERIFY_REQUIRE_TRT=ON && "
               "cmake --build plugins/dflash_verify/build -j (docs/verify-plugin.md)")
 
 
@@ -84,7 +85,9 @@ def register(library: str | Path) -> object:
     """Load the library into TensorRT's process-global plugin registry; returns the creator."""
     trt = require("tensorrt", "loading the DFlashVerify plugin")
     registry = trt.get_plugin_registry()
-    registry.load_library(str(library))
+    if registry.load_library(str(library)) is None:  # None: the library could not be loaded
+        raise MissingDependencyError(f"{library}: TensorRT could not load this plugin library (built against "
+                                     f"another TensorRT, or a CUDA runtime is missing); rebuild it: {BUILD_HINT}")
     creator = registry.get_creator(DFLASH_VERIFY.name, DFLASH_VERIFY.version, DFLASH_VERIFY.namespace)
     if creator is None:
         raise MissingDependencyError(f"{library}: loaded, but TensorRT has no creator {DFLASH_VERIFY.name} "

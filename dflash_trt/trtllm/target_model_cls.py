@@ -69,7 +69,7 @@ def _make_class(name: str):
                           f"NGC TensorRT-LLM container ({exc})") from exc
     settings = load_settings()
     here = Path(__file__).resolve().parent
-    trt.get_plugin_registry().load_library(str((here / settings["plugin_library"]).resolve()))
+    load_plugin(trt.get_plugin_registry(), (here / settings["plugin_library"]).resolve(), settings["plugin"])
     graph = _Graph(trt, F, default_trtnet, settings)
     base = getattr(models, BASES[name])
 
@@ -89,6 +89,30 @@ def _make_class(name: str):
 
     DFlashTarget.__name__ = DFlashTarget.__qualname__ = name
     return DFlashTarget
+
+
+def load_plugin(registry, library: Path, plugin: dict):
+    """Load the DFlashVerify library into TensorRT's registry; its creator, or an error saying what failed.
+
+    `IPluginRegistry.load_library` returns None when the library cannot be loaded and `get_creator`
+    returns None when nothing of that name / version / namespace is registered (TensorRT Python API);
+    unchecked, either surfaces later as an opaque AttributeError on None (audit finding 11)."""
+    if not library.is_file():
+        raise FileNotFoundError(f"{library}: the DFlashVerify plugin library is missing (dflash_target.json "
+                                "'plugin_library' points here); rebuild the bundle")
+    if registry.load_library(str(library)) is None:
+        raise RuntimeError(f"{library}: TensorRT could not load this plugin library (built against another "
+                           "TensorRT, or its CUDA runtime is missing); see TensorRT's log above")
+    return plugin_creator(registry, plugin, library)
+
+
+def plugin_creator(registry, plugin: dict, library) -> object:
+    creator = registry.get_creator(plugin["name"], plugin["version"], plugin["namespace"])
+    if creator is None:
+        raise RuntimeError(f"{library}: loaded, but TensorRT has no plugin creator {plugin['name']!r} version "
+                           f"{plugin['version']!r} namespace {plugin['namespace']!r}; rebuild the library from "
+                           "plugins/dflash_verify against this TensorRT")
+    return creator
 
 
 def _record(module, key, store: dict) -> None:
@@ -147,10 +171,12 @@ class _Graph:
     def verify(self, logits, drafts, start):
         """DFlashVerify (IPluginV3) on [R, K+1, V] logits with greedy constants -> tokens [R, K+1], accepted [R]."""
         trt, F, plugin = self.trt, self.F, self.s["plugin"]
-        creator = trt.get_plugin_registry().get_creator(plugin["name"], plugin["version"], plugin["namespace"])
+        creator = plugin_creator(trt.get_plugin_registry(), plugin, self.s["plugin_library"])
         field = trt.PluginField("mask_token_id", np.array([self.s["mask_token_id"]], np.int64),
                                 trt.PluginFieldType.INT64)
         layer_plugin = creator.create_plugin("dflash_verify", trt.PluginFieldCollection([field]), trt.TensorRTPhase.BUILD)
+        if layer_plugin is None:
+            raise RuntimeError(f"DFlashVerify create_plugin returned None (mask_token_id {self.s['mask_token_id']})")
         zeros = F.cast(start, "float32") * 0.0
         sampling = [zeros, F.cast(start, "int32") * 0, zeros + 1.0, F.cast(start, "int64") * 0]  # T, top_k, top_p, seed
         inputs = [logits, F.cast(drafts, "int32"), F.cast(start, "int32"), *sampling]
