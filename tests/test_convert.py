@@ -106,6 +106,9 @@ def test_target_tensors_follow_trtllm_names(converted, tiny_pair):
     assert torch.equal(rank["lm_head.weight"], hf["lm_head.weight"])
     config = json.loads((converted["qwen3"] / "target" / "config.json").read_text())
     assert config["architecture"] == "Qwen3ForCausalLM" and config["qwen_type"] == "qwen3"
+    # QWenDecoderLayer reads both unconditionally; QWenConfig sets seq_length only in from_hugging_face
+    # (tensorrt_llm/models/qwen/config.py, qwen/model.py; search ids 14645444, 984454274)
+    assert config["seq_length"] == 8192 and config["use_logn_attn"] is False
     assert config["mapping"] == {"world_size": 1, "tp_size": 1, "pp_size": 1}
     assert config["quantization"]["quant_algo"] is None and config["dtype"] == "float32"
     assert read_trtllm_config(converted["qwen3"] / "target" / "config.json").model == read_target(tiny_pair[0]).config
@@ -133,6 +136,8 @@ def test_draft_checkpoint_naming_and_dflash_settings(converted, tiny_pair):
     assert torch.equal(rank["transformer.ln_f.weight"], zlab["norm.weight"])
     assert not any("vocab_embedding" in n or n.startswith("lm_head") for n in rank)
     assert read_trtllm_config(folder / "config.json").model == read_draft(tiny_pair[1]).config
+    config = json.loads((folder / "config.json").read_text())  # the drafter is a qwen3-style stack too
+    assert (config["qwen_type"], config["seq_length"], config["use_logn_attn"]) == ("qwen3", 8192, False)
 
 
 def test_bf16_checkpoint_holds_bf16_rounded_weights(converted, tiny_pair):

@@ -180,6 +180,11 @@ def test_config_errors_name_the_field(tmp_path, tiny_pair):
         plan_trtllm_build(load_build_config(_config(tmp_path, tiny_pair, quant="fp8", dtype="fp32")), tmp_path / "b")
     with pytest.raises(ConfigError, match="'block_size'"):
         plan_trtllm_build(load_build_config(_config(tmp_path, tiny_pair, block_size=64)), tmp_path / "b")
+    # builder.py (search id 205252225) turns paged context FMHA off for FP8 KV without FP8 / NVFP4 weights
+    with pytest.raises(ConfigError, match="'kv_cache': fp8 with quant: none"):
+        plan_trtllm_build(load_build_config(_config(tmp_path, tiny_pair, kv_cache="fp8")), tmp_path / "b")
+    for quant in ("fp8", "nvfp4"):
+        plan_trtllm_build(load_build_config(_config(tmp_path, tiny_pair, quant=quant, kv_cache="fp8")), tmp_path / "b")
 
 
 def test_unsupported_target_points_to_the_llmapi_export(tmp_path, tiny_pair):

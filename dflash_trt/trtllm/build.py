@@ -59,6 +59,13 @@ def check_config(cfg: BuildConfig) -> None:
     if cfg.tp != 1:
         raise ConfigError(f"{where}: field 'tp': the trtllm backend serves tp=1 engines in this version (the "
                           "executor's multi-rank LEADER mode is not wired); set tp: 1")
+    if cfg.kv_cache == "fp8" and cfg.quant == "none":
+        # trtllm-build (tensorrt_llm/builder.py build(), search id 205252225): with non-FP8 / NVFP4 weights it
+        # turns use_fp8_context_fmha off ("must be used together with the fp8 quantization workflow") and then,
+        # with an FP8 KV cache, use_paged_context_fmha too, which prompt-append's KV reuse needs (audit 8).
+        raise ConfigError(f"{where}: field 'kv_cache': fp8 with quant: none is refused for backend trtllm: "
+                          "TensorRT-LLM 1.2.1 disables paged context FMHA for an FP8 KV cache unless the weights are "
+                          "FP8 or NVFP4, and the paired engines need it; set quant: fp8 (or nvfp4), or kv_cache: auto")
     if cfg.quant != "none" and resolve_dtype(cfg) == "fp32":
         raise ConfigError(f"{where}: field 'dtype': {cfg.quant} engines keep unquantized tensors in bf16 or fp16, "
                           "not fp32; set dtype: bf16 (or auto)")
