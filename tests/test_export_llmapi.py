@@ -18,7 +18,7 @@ import yaml
 from click.testing import CliRunner
 
 from dflash_trt.cli import cli
-from dflash_trt.trtllm.llmapi import LlmapiExport, attention_backend, config_pbtxt, model_yaml
+from dflash_trt.trtllm.llmapi import LlmapiExport, attention_backend, config_pbtxt, draft_len_schedule, model_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 DFLASH_FIELDS = {"max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency",
@@ -83,8 +83,8 @@ def test_model_yaml_dflash_config(arch, backend):
     spec = cfg["speculative_config"]
     assert set(spec) <= DFLASH_FIELDS and spec["decoding_type"] == "DFlash"
     assert spec["max_draft_len"] == 15 and spec["speculative_model"] == "/models/Qwen3-8B-DFlash-b16"
-    # DecodingBaseConfig: batch size -> draft length, with the {1: max_draft_len} entry TRT-LLM requires
-    assert spec["draft_len_schedule"] == {1: 15, 4: 7, 8: 3}
+    # DecodingBaseConfig.draft_len_schedule: upper-bound keys, the smallest one maps to max_draft_len
+    assert spec["draft_len_schedule"] == {3: 15, 7: 7, 8: 3}
     assert spec["attention_backend"] == backend == attention_backend(arch)
     assert cfg["backend"] == "pytorch" and cfg["max_seq_len"] == 4096 and cfg["attn_backend"] == "TRTLLM"
     assert cfg["triton_config"] == {"max_batch_size": 0, "decoupled": True}
@@ -137,3 +137,37 @@ def test_export_errors(tmp_path, tiny_pair):
                                    "backend": "trtllm", "quant": "fp8"}))
     result = runner.invoke(cli, base + ["--config", str(cfg), "--gpu-arch", "sm90"])
     assert result.exit_code == 1 and "pre-quantized" in result.output
+
+
+def upstream_draft_len(schedule: dict[int, int], batch: int) -> int:
+    """TensorRT-LLM's reading (llm_args.py DecodingBaseConfig.draft_len_schedule docstring, search id 55143598664;
+    test id 58916828372): the value of the smallest key >= batch size; past the largest key, 0 (no speculation)."""
+    keys = [k for k in sorted(schedule) if k >= batch]
+    return schedule[keys[0]] if keys else 0
+
+
+@pytest.mark.parametrize("block,max_batch,ours,theirs", [
+    (16, 8, {4: 8, 8: 4}, {3: 15, 7: 7, 8: 3}),
+    (6, 8, {4: 4, 8: 2}, {3: 5, 7: 3, 8: 1}),  # was exported as {1: 5, 4: 3, 8: 1}: batch 2-3 drafted 3, not 5
+    (16, 8, {4: 8, 16: 4}, {3: 15, 8: 7}),  # an entry past max_batch_size never applies
+    (16, 8, {1: 16, 4: 8}, {3: 15, 8: 7}),
+    (16, 4, {2: 1}, {1: 15, 4: 0}),  # block 1: verify the bonus token alone, no drafts
+    (16, 32, {4: 32}, {32: 15}),  # a larger block than the export's is capped
+])
+def test_draft_len_schedule_is_upstreams_upper_bound_reading_of_our_schedule(block, max_batch, ours, theirs):
+    from types import SimpleNamespace
+
+    from dflash_trt.runtime.scheduler import Scheduler
+
+    export = _export(block_size=block, max_batch_size=max_batch, block_size_schedule=tuple(sorted(ours.items())))
+    schedule = draft_len_schedule(export)
+    assert schedule == theirs
+    assert schedule[min(schedule)] == block - 1  # upstream's validator: smallest key -> max_draft_len
+    runtime = SimpleNamespace(block_size=block, block_size_schedule=dict(sorted(ours.items())), adaptive=None)
+    for batch in range(1, max_batch + 1):  # our scheduler's verify width, batch by batch
+        assert upstream_draft_len(schedule, batch) == Scheduler.verify_width(runtime, batch) - 1, batch
+
+
+def test_draft_len_schedule_refuses_a_narrower_first_block():
+    with pytest.raises(Exception, match="set block_size to 8"):
+        draft_len_schedule(_export(block_size_schedule=((1, 8), (4, 4))))

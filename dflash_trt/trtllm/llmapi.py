@@ -82,14 +82,24 @@ def cuda_graph_batch_sizes(max_batch_size: int) -> list[int]:
 
 
 def draft_len_schedule(e: LlmapiExport) -> dict[int, int]:
-    """DecodingBaseConfig.draft_len_schedule: batch size -> draft length (0 disables speculation).
-    TensorRT-LLM requires the entry {1: max_draft_len}, so it is added when the config has none."""
-    schedule = {1: e.block_size - 1}
-    for batch, block in e.block_size_schedule:
-        if batch == 1 and block != e.block_size:
-            raise ConfigError(f"runtime.block_size_schedule {{1: {block}}}: TensorRT-LLM requires batch size 1 to "
-                              f"draft max_draft_len = block_size - 1 = {e.block_size - 1}; set block_size to {block}")
-        schedule[batch] = min(block, e.block_size) - 1
+    """runtime.block_size_schedule (lower bounds: "from this batch size on, verify blocks of N") as
+    TensorRT-LLM's DecodingBaseConfig.draft_len_schedule (UPPER bounds: {4: 4, 8: 2, 32: 1} is batch 1-4 -> 4,
+    5-8 -> 2, 9-32 -> 1, above the largest key 0 = no speculation; the smallest key must map to
+    max_draft_len; llm_args.py `validate_draft_len_schedule_and_sort`, search id 55143598664, upper-bound
+    keys since v1.3.0rc8 (PR #10860), every release with DFlash). The last key is max_batch_size, so no
+    batch the server runs falls off the end. Block 16, {4: 8, 8: 4}, max batch 8 -> {3: 15, 7: 7, 8: 3}."""
+    steps = sorted((b, min(block, e.block_size) - 1) for b, block in e.block_size_schedule if b <= e.max_batch_size)
+    if steps and steps[0][0] == 1 and steps[0][1] != e.block_size - 1:
+        raise ConfigError(f"runtime.block_size_schedule {{1: {steps[0][1] + 1}}}: TensorRT-LLM requires the smallest "
+                          f"batch sizes to draft max_draft_len = block_size - 1 = {e.block_size - 1}; set block_size to "
+                          f"{steps[0][1] + 1} instead")
+    ranges = [(1, e.block_size - 1)] + [s for s in steps if s[0] > 1]  # (first batch size, drafts)
+    schedule: dict[int, int] = {}
+    for (first, drafts), following in zip(ranges, [*ranges[1:], (e.max_batch_size + 1, None)]):
+        last = following[0] - 1  # this range's largest batch size: an upper-bound key
+        if schedule and list(schedule.values())[-1] == drafts:
+            schedule.pop(list(schedule)[-1])  # same draft length as the range before: one key covers both
+        schedule[last] = drafts
     return schedule
 
 
