@@ -171,3 +171,43 @@ def test_draft_len_schedule_is_upstreams_upper_bound_reading_of_our_schedule(blo
 def test_draft_len_schedule_refuses_a_narrower_first_block():
     with pytest.raises(Exception, match="set block_size to 8"):
         draft_len_schedule(_export(block_size_schedule=((1, 8), (4, 4))))
+
+
+@pytest.mark.parametrize("version", ["1.3.0rc27", "1.3.0", "1.4.0rc1", "1.5.2"])
+def test_speculative_config_carries_only_fields_the_release_declares(version):
+    """DecodingBaseConfig forbids extra keys (StrictBaseModel extra='forbid', llm_args.py search ids 1520735490,
+    1090804222): every key must be one of the release's fields, as the API reference lists them."""
+    from dflash_trt.trtllm import llmapi_fields
+
+    spec = model_yaml(_export(trtllm_version=version, block_size_schedule=((4, 8),)))["speculative_config"]
+    assert set(spec) <= llmapi_fields.fields(version)
+    assert spec["attention_backend"] in llmapi_fields.release(version).attention_backends
+    assert llmapi_fields.fields("1.3.0rc27") == DFLASH_FIELDS  # the table's rc27 row is the API page's field list
+
+
+@pytest.mark.parametrize("version,message", [("1.2.1", "route A"), ("1.3.0rc20", "documented from 1.3.0rc27"),
+                                             ("banana", "not a version")])
+def test_releases_without_a_known_dflash_config_are_refused(version, message):
+    with pytest.raises(Exception, match=message):
+        _export(trtllm_version=version)
+
+
+def test_parallel_sizes_go_to_model_yaml():
+    cfg = model_yaml(_export(tp=4, pp=2, ep=2))
+    assert (cfg["tensor_parallel_size"], cfg["pipeline_parallel_size"], cfg["moe_expert_parallel_size"]) == (4, 2, 2)
+    assert "moe_expert_parallel_size" not in model_yaml(_export(tp=2))
+    with pytest.raises(Exception, match="must divide --tp 4"):
+        _export(tp=4, ep=3)
+
+
+def test_cli_trtllm_version_pp_and_header(tmp_path, tiny_pair):
+    base = ["export", "trtllm-llmapi", "--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1]),
+            "--out", str(tmp_path / "r"), "--gpu-arch", "sm90"]
+    result = CliRunner().invoke(cli, base + ["--trtllm-version", "1.2.1"])
+    assert result.exit_code == 1 and "route A" in result.output
+    result = CliRunner().invoke(cli, base + ["--trtllm-version", "1.4.0rc1", "--tp", "2", "--pp", "2"])
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "r" / "tensorrt_llm" / "1" / "model.yaml").read_text()
+    assert text.startswith("# written by dflash-trt export trtllm-llmapi for TensorRT-LLM 1.4.0rc1")
+    cfg = yaml.safe_load(text)
+    assert cfg["pipeline_parallel_size"] == 2 and "4 GPU(s)" in result.output and "MPI" in result.output

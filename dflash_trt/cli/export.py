@@ -19,20 +19,25 @@ def export_group():
 @click.option("--block-size", type=click.IntRange(min=2), help="Verify width; max_draft_len = block_size - 1.")
 @click.option("--max-seq-len", type=click.IntRange(min=16), help="Prompt + output tokens per request.")
 @click.option("--max-batch-size", type=click.IntRange(min=1))
-@click.option("--tp", type=click.IntRange(min=1), help="Tensor-parallel GPUs.")
+@click.option("--tp", type=click.IntRange(min=1), help="Tensor-parallel GPUs (tensor_parallel_size).")
+@click.option("--pp", type=click.IntRange(min=1), help="Pipeline-parallel stages (pipeline_parallel_size), e.g. one per node.")
+@click.option("--ep", type=click.IntRange(min=1), help="Expert-parallel ranks of a MoE target (moe_expert_parallel_size).")
+@click.option("--trtllm-version", help="TensorRT-LLM release the server runs: which speculative_config fields "
+              "model.yaml may carry (default: the installed release, else the documented pin).")
 @click.option("--kv-cache", type=click.Choice(["auto", "fp8"]))
 @click.option("--gpu-arch", default="auto", show_default=True,
               help="The server GPU: auto (this machine's), sm90 (Hopper), sm100/sm103 (Blackwell), sm120, ...")
 @click.option("--llmapi-dir", type=click.Path(exists=True, file_okay=False),
               help="TensorRT-LLM's triton_backend/all_models/llmapi/tensorrt_llm (model.py, helpers.py, config.pbtxt).")
-def llmapi_command(config_path, target, draft, out, block_size, max_seq_len, max_batch_size, tp, kv_cache, gpu_arch,
-                   llmapi_dir):
+def llmapi_command(config_path, target, draft, out, block_size, max_seq_len, max_batch_size, tp, pp, ep, trtllm_version,
+                   kv_cache, gpu_arch, llmapi_dir):
     """Write OUT/tensorrt_llm: config.pbtxt + 1/model.yaml with speculative_config {decoding_type: DFlash}."""
-    from dflash_trt.trtllm import llmapi
+    from dflash_trt.trtllm import llmapi, llmapi_fields
 
     arch = llmapi.detect_gpu_arch() if gpu_arch == "auto" else gpu_arch
+    version = trtllm_version or llmapi_fields.default_version(llmapi.installed_llmapi_version())
     overrides = dict(target=target, draft=draft, block_size=block_size, max_seq_len=max_seq_len,
-                     max_batch_size=max_batch_size, tp=tp, kv_cache=kv_cache)
+                     max_batch_size=max_batch_size, tp=tp, pp=pp, ep=ep, kv_cache=kv_cache, trtllm_version=version)
     if config_path:
         from dflash_trt.engine.config import load_build_config
 
@@ -45,9 +50,14 @@ def llmapi_command(config_path, target, draft, out, block_size, max_seq_len, max
             raise click.UsageError(f"--block-size is required ({draft} has no local config.json to read it from)")
         export = llmapi.LlmapiExport(target=target, draft=draft, block_size=block_size,
                                      max_seq_len=max_seq_len or 4096, max_batch_size=max_batch_size or 8,
-                                     gpu_arch=arch, tp=tp or 1, kv_cache=kv_cache or "auto")
+                                     gpu_arch=arch, tp=tp or 1, pp=pp or 1, ep=ep, kv_cache=kv_cache or "auto",
+                                     trtllm_version=version)
     folder = llmapi.write_repository(export, out, llmapi_dir)
+    spec = llmapi.speculative_config(export)
     click.echo(f"repository: {folder.parent} (model tensorrt_llm, DFlash max_draft_len {export.block_size - 1}, "
-               f"attention_backend {llmapi.attention_backend(arch)}, needs tensorrt-llm>={llmapi.TRTLLM_LLMAPI_MIN})")
+               f"attention_backend {spec.get('attention_backend', '(not a field of this release)')}, "
+               f"for tensorrt-llm {export.trtllm_version}, {export.tp * export.pp} GPU(s): tp {export.tp} x pp {export.pp})")
+    if export.tp * export.pp > 1:
+        click.echo("launch: docs/trtllm-backend.md, multi-GPU and multi-node (TensorRT-LLM's launcher, MPI)", err=True)
     if llmapi_dir is None:
         click.echo("next: copy model.py and helpers.py from TensorRT-LLM's llmapi model (see 1/README.txt)", err=True)

@@ -26,6 +26,7 @@ import yaml
 from dflash_trt.atomic import repository_scratch, write_atomically
 from dflash_trt.engine.config import BuildConfig
 from dflash_trt.errors import ConfigError
+from dflash_trt.trtllm import llmapi_fields
 from dflash_trt.trtllm.versions import TRTLLM_LLMAPI_MIN
 
 MODEL_NAME = "tensorrt_llm"
@@ -59,12 +60,22 @@ class LlmapiExport:
     max_seq_len: int
     max_batch_size: int
     gpu_arch: str
-    tp: int = 1
+    tp: int = 1  # tensor_parallel_size
     kv_cache: str = "auto"  # auto | fp8
     free_gpu_memory_fraction: float = 0.85
     block_size_schedule: tuple[tuple[int, int], ...] = ()  # (batch size, block size): runtime.block_size_schedule
+    pp: int = 1  # pipeline_parallel_size
+    ep: int | None = None  # moe_expert_parallel_size (MoE targets); None: TensorRT-LLM's default
+    trtllm_version: str = llmapi_fields.PIN  # the release the server runs: which fields model.yaml may carry
 
     def __post_init__(self):
+        llmapi_fields.check_release(self.trtllm_version)
+        if self.tp < 1 or self.pp < 1:
+            raise ConfigError(f"--tp {self.tp} / --pp {self.pp}: both must be >= 1")
+        if self.ep is not None and (self.ep < 1 or self.tp % self.ep):
+            raise ConfigError(f"--ep {self.ep}: expert parallelism splits the tensor-parallel ranks (TensorRT-LLM "
+                              f"moe_tensor_parallel_size x moe_expert_parallel_size = tensor_parallel_size); it must "
+                              f"divide --tp {self.tp}")
         if self.gpu_arch not in GPU_ARCHS:
             raise ConfigError(f"--gpu-arch {self.gpu_arch!r}: expected one of {', '.join(GPU_ARCHS)}")
         if self.block_size < 2:
@@ -112,21 +123,35 @@ def model_yaml(e: LlmapiExport) -> dict:
         "model": e.target,
         "backend": "pytorch",
         "tensor_parallel_size": e.tp,
+        "pipeline_parallel_size": e.pp,
+        **({"moe_expert_parallel_size": e.ep} if e.ep is not None else {}),
         "max_batch_size": e.max_batch_size,
         "max_seq_len": e.max_seq_len,  # explicit: it bounds DFlash's dense context arena
         "max_num_tokens": max(e.max_seq_len, e.max_batch_size * e.block_size),
         "attn_backend": "TRTLLM",  # DFlash with FlashInfer target attention is refused
         "kv_cache_config": kv_cache,
         "cuda_graph_config": {"batch_sizes": cuda_graph_batch_sizes(e.max_batch_size), "enable_padding": True},
-        "speculative_config": {
-            "decoding_type": "DFlash",
-            "max_draft_len": e.block_size - 1,
-            "speculative_model": e.draft,
-            "attention_backend": attention_backend(e.gpu_arch),
-            **({"draft_len_schedule": draft_len_schedule(e)} if e.block_size_schedule else {}),
-        },
+        "speculative_config": speculative_config(e),
         "triton_config": {"max_batch_size": 0, "decoupled": True},
     }
+
+
+def speculative_config(e: LlmapiExport) -> dict:
+    """DFlashDecodingConfig keyword arguments, only those `e.trtllm_version` declares (llmapi_fields)."""
+    allowed = llmapi_fields.fields(e.trtllm_version)
+    config = {"decoding_type": "DFlash", "max_draft_len": e.block_size - 1, "speculative_model": e.draft,
+              "attention_backend": attention_backend(e.gpu_arch)}
+    if e.block_size_schedule:
+        config["draft_len_schedule"] = draft_len_schedule(e)
+    return {k: v for k, v in config.items() if k in allowed}
+
+
+def model_yaml_text(e: LlmapiExport) -> str:
+    """model.yaml with a header saying which release its fields are for."""
+    fields = sorted(speculative_config(e))
+    return (f"# written by dflash-trt export trtllm-llmapi for TensorRT-LLM {e.trtllm_version} "
+            f"(speculative_config fields: {', '.join(fields)}); re-export with --trtllm-version for another release\n"
+            + yaml.safe_dump(model_yaml(e), sort_keys=False))
 
 
 def config_pbtxt() -> str:
@@ -173,7 +198,7 @@ def write_repository(e: LlmapiExport, out: str | Path, llmapi_dir: str | Path | 
 
     def fill(tmp: Path) -> None:
         (tmp / "1").mkdir()
-        (tmp / "1" / "model.yaml").write_text(yaml.safe_dump(model_yaml(e), sort_keys=False))
+        (tmp / "1" / "model.yaml").write_text(model_yaml_text(e))
         if llmapi_dir is None:
             (tmp / "config.pbtxt").write_text(config_pbtxt())
             (tmp / "1" / "README.txt").write_text(
@@ -208,10 +233,17 @@ def from_build_config(cfg: BuildConfig, gpu_arch: str, **overrides) -> LlmapiExp
     values = dict(target=target, draft=draft, block_size=block_size,
                   max_seq_len=cfg.runtime.max_seq_len, max_batch_size=cfg.runtime.max_batch_size, gpu_arch=gpu_arch,
                   tp=cfg.tp, kv_cache=cfg.kv_cache if cfg.kv_cache == "fp8" else "auto",
+                  trtllm_version=llmapi_fields.default_version(installed_llmapi_version()),
                   block_size_schedule=tuple(sorted((int(b), int(k)) for b, k in
                                                    cfg.runtime.block_size_schedule.items())))
     values.update({k: v for k, v in overrides.items() if v is not None})
     return LlmapiExport(**values)
+
+
+def installed_llmapi_version() -> str | None:
+    from dflash_trt.trtllm.versions import installed_version
+
+    return installed_version("tensorrt_llm")
 
 
 def detect_gpu_arch() -> str:

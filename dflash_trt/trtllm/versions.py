@@ -103,7 +103,8 @@ def version_tuple(version: str) -> tuple:
 
 
 def serves_engine_route(version: str | None) -> bool:
-    """TensorRT-LLM 1.2.x builds and runs TensorRT engines (route A); 1.3.0rc22+ dropped TensorRT."""
+    """TensorRT-LLM 1.2.x builds and runs TensorRT engines (route A, pinned to 1.2.1); 1.3.0rc20 was the last
+    release candidate with the TensorRT backend (its release notes), removed after it (PR #15918)."""
     return version is not None and version.split(".")[:2] == ["1", "2"]
 
 
