@@ -2,6 +2,7 @@
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -134,3 +135,22 @@ def test_doctor_and_build_refuse_a_plugin_without_a_kernel_for_the_gpu(monkeypat
     build_steps.check_plugin_covers(library, (9, 0))
     with pytest.raises(ConfigError, match="none of which runs on this GPU"):
         build_steps.check_plugin_covers(library, (10, 3))
+
+
+def test_doctor_accounts_the_outputs_of_a_trtllm_config(no_gpu_stack, tmp_path, tiny_pair):
+    import yaml
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "target": str(tiny_pair[0]), "draft": str(tiny_pair[1]),
+                                    "backend": "trtllm", "runtime": {"max_batch_size": 4, "max_seq_len": 256,
+                                                                     "sampled_requests": False}}))
+    result = CliRunner().invoke(cli, ["doctor", "--json", "--config", str(path)])
+    assert result.exit_code == 0, result.output
+    reserved = json.loads(result.output)["reserved"]
+    assert set(reserved["bytes"]) == {"dflash_taps", "dflash_accept"} and reserved["sampled_requests"] is False
+    assert reserved["summary"].startswith("additional outputs reserve")
+    result = CliRunner().invoke(cli, ["doctor", "--config", str(tmp_path.parent.parent / "nope.yaml")])
+    assert result.exit_code != 0
+    preset = Path(__file__).resolve().parent.parent / "build_configs" / "qwen3-8b-fp8-hopper.yaml"
+    result = CliRunner().invoke(cli, ["doctor", "--config", str(preset)])  # its pair is not downloaded here
+    assert result.exit_code == 0 and "cannot account its outputs" in result.output

@@ -123,3 +123,13 @@ def test_the_byte_bound_of_the_shipped_tokenizer_holds_for_any_tokens():
         for _ in range(50):
             ids = [rng.randrange(vocab) for _ in range(n)]
             assert len(tokenizer.decode(ids).encode("utf-8")) <= n * per_token
+
+
+def test_a_greedy_only_bundle_refuses_sampled_requests():
+    from dflash_trt.triton.protocol import RequestLimits
+
+    greedy = RequestLimits(sampled_requests=False)
+    with pytest.raises(RequestError, match="greedy requests only.*runtime.sampled_requests: true"):
+        parse_request(_get(input_ids=[5, 6], temperature=0.7), None, 100, 256, limits=greedy)
+    assert parse_request(_get(input_ids=[5, 6], temperature=0.0), None, 100, 256, limits=greedy).request.prompt
+    assert parse_request(_get(input_ids=[5, 6], temperature=0.7), None, 100, 256).request.params.temperature > 0

@@ -100,7 +100,8 @@ def test_plan_settings_and_args_for_a_pair(tmp_path, tiny_pair):
     assert s["num_drafts"] == plan.block_size - 1 == draft_config["block_size"] - 1
     assert s["mask_token_id"] == draft_config["dflash_config"]["mask_token_id"]
     assert s["plugin"] == {"name": "DFlashVerify", "version": "1", "namespace": ""}
-    assert s["outputs"] == TargetOutputs(2, 64, 256, plan.block_size, "bf16").to_list()
+    assert s["outputs"] == TargetOutputs(2, 64, 256, plan.block_size, "bf16", sampled=True).to_list()
+    assert s["sampled"] is True  # runtime.sampled_requests defaults to true
     assert plan.draft_spec.capacity == 256 + plan.block_size + 1 and plan.dtype == "bf16"
     parsed = upstream_parser().parse_args(plan.build_args)
     assert parsed.checkpoint_dir == str(plan.checkpoint_dir / "target")
@@ -121,8 +122,9 @@ def test_model_class_file_loads_like_trtllm_build_and_names_the_missing_package(
         getattr(module, plan.settings["class_name"])
     source = path.read_text()
     assert "add_plugin_v3" in source and "TensorRTPhase.BUILD" in source and "load_library" in source
-    for name in ("dflash_taps", "dflash_accept", "dflash_tail_taps", "dflash_tail_logits"):
+    for name in ("dflash_taps", "dflash_accept", "dflash_tail_logits"):
         assert f'"{name}"' in source
+    assert 'if s.get("sampled")' in source  # the block logits are marked only in engines for sampled requests
 
 
 def test_engine_config_json_schema(tmp_path, tiny_pair):
@@ -133,13 +135,43 @@ def test_engine_config_json_schema(tmp_path, tiny_pair):
     assert config["format"] == "dflash-trt/trtllm-engines" and config["num_drafts"] == plan.block_size - 1
     assert config["target"]["trtllm_build_argv"][0] == "trtllm-build"
     outputs = config["target"]["extra_outputs"]
-    assert [o["name"] for o in outputs] == ["dflash_taps", "dflash_accept", "dflash_tail_taps", "dflash_tail_logits"]
+    assert [o["name"] for o in outputs] == ["dflash_taps", "dflash_accept", "dflash_tail_logits"]
     assert all(isinstance(o["dims"][0], str) for o in outputs)  # executor: first dim must be dynamic
-    assert [o["gather_context"] for o in outputs] == [True, False, False, False]
+    assert [o["gather_context"] for o in outputs] == [True, False, False]
     assert outputs[1] == {"name": "dflash_accept", "dtype": "int32", "dims": ["num_requests", plan.block_size + 2],
                           "gather_context": False}
     assert config["plugin"]["name"] == "DFlashVerify" and config["plugin"]["library"] == "plugin/libdflash_verify_trt.so"
     assert set(config["versions"]) >= {"tensorrt_llm", "tensorrt", "torch"}
+
+
+def test_greedy_engines_register_no_block_logits(tmp_path, tiny_pair):
+    cfg = load_build_config(_config(tmp_path, tiny_pair, runtime={"device": "cuda", "max_batch_size": 4,
+                                                                  "max_seq_len": 256, "sampled_requests": False}))
+    plan = plan_trtllm_build(cfg, tmp_path / "b")
+    assert [o["name"] for o in plan.settings["outputs"]] == ["dflash_taps", "dflash_accept"]
+    assert plan.settings["sampled"] is False
+
+
+# Qwen3-8B (HF config.json: hidden_size 4096, vocab_size 151936) + z-lab/Qwen3-8B-DFlash-b16 (block_size 16,
+# target_layer_ids [1, 9, 17, 25, 33]): the dims of the hopper preset's pair, which is not downloaded here
+QWEN3_8B = dict(n_taps=5, hidden_size=4096, vocab_size=151936, block_size=16, dtype="bf16")
+
+
+def test_additional_outputs_of_the_qwen3_preset_reserve_under_2_gb_for_greedy_serving():
+    """RuntimeBuffers allocates every registered additional output [max_num_tokens, X] (runtimeBuffers.cpp, search
+    id 730531010) before the KV cache is sized (id 538519496): greedy serving must stay small, sampled costs tens of GB."""
+    from dflash_trt.trtllm.io_spec import describe_reserved
+
+    cfg = load_build_config(ROOT / "build_configs" / "qwen3-8b-fp8-hopper.yaml")
+    tokens = engine_lengths(cfg.runtime.max_seq_len, cfg.block_size, cfg.runtime.max_batch_size)["max_num_tokens"]
+    assert tokens == cfg.runtime.max_seq_len + cfg.block_size + 1  # one whole prompt per step, no chunking
+    greedy = TargetOutputs(**QWEN3_8B, sampled=False).reserved_bytes(tokens)
+    assert sum(greedy.values()) < 2e9, describe_reserved(greedy)
+    assert greedy["dflash_taps"] == 2 * tokens * 5 * 4096 * 2  # two buffer sets x [max_num_tokens, n*H] bf16
+    sampled = TargetOutputs(**QWEN3_8B, sampled=True).reserved_bytes(tokens)
+    assert sampled["dflash_tail_logits"] == 2 * tokens * 16 * 151936 * 4 > 70e9  # why it is opt-in
+    assert cfg.runtime.sampled_requests is False  # the preset serves greedy requests
+    assert "additional outputs reserve 0.34 GB" in describe_reserved(greedy)
 
 
 def test_draft_engine_profiles_cover_the_runtime_limits(tmp_path, tiny_pair):

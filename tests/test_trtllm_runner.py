@@ -1,80 +1,38 @@
-"""TrtllmTargetRunner's bookkeeping (prompt-append inputs, output parsing, commit / rewind, sampled rows).
+"""TrtllmTargetRunner's bookkeeping (prompt-append inputs, output parsing, commit / rewind, sampled rows,
+per-sequence KV salts) against an emulator of TensorRT-LLM's Executor.
 
-TensorRT-LLM cannot run here, so the executor is an EMULATOR OF OUR ENGINE CONTRACT (the outputs
-docs/trtllm-backend.md declares: dflash_taps, dflash_accept, dflash_tail_taps, dflash_tail_logits,
-computed by the torch target over each request's full input). It shows the runner + scheduler +
-ONNX draft graphs decode losslessly given an engine honoring that contract; it does not show that
-TensorRT-LLM honors it (the `trtllm`/`gpu` tests at the bottom do, on a GPU machine).
+TensorRT-LLM cannot run here, so the executor is `trtllm_emulator.ExecutorEmulator`: it computes the
+engine's DFlash outputs with the torch target and returns them the way UPSTREAM's executor does (both
+result prefixes for gather_context outputs, [1, 1, X] generation tensors, uninitialised rows for a reused
+KV prefix, the registration checks), each rule citing its source. It shows the runner + scheduler + ONNX
+draft graphs decode losslessly given upstream's contract; the `trtllm`/`gpu` test at the bottom runs the
+real thing on a GPU machine.
 """
-
-from types import SimpleNamespace
 
 import pytest
 import torch
+from trtllm_emulator import TLE, ExecutorEmulator, ExecutorError
 
 from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.decoding.sampling import SamplingParams
-from dflash_trt.decoding.verify import accept_length
-from dflash_trt.model.kv_cache import KVCache
 from dflash_trt.runtime.runner import TorchDraftRunner, TorchTargetRunner
 from dflash_trt.trtllm.golden import decode
-from dflash_trt.trtllm.runner import TrtllmTargetRunner, block_input, output_tensor, parse_accept
+from dflash_trt.trtllm.io_spec import TargetOutputs
+from dflash_trt.trtllm.runner import TrtllmTargetRunner, block_input, output_tensor, parse_accept, result_name
 from dflash_trt.trtllm.target_model_cls import tail_rows_reference
 
 SLOTS, MAX_SEQ = 3, 96
 
 
-class _Obj(SimpleNamespace):
-    def __init__(self, *args, **kwargs):
-        super().__init__(args=args, **kwargs)
-
-
-TLE = SimpleNamespace(Request=_Obj, SamplingConfig=_Obj, OutputConfig=_Obj,
-                      AdditionalModelOutput=lambda name, gather: (name, gather))
-
-
-class EngineEmulator:
-    """Answers executor requests with the declared DFlash outputs, computed by the torch target."""
-
-    def __init__(self, target, tap_layers, num_drafts, drop_rows: int = 0):
-        self.target, self.tap_layers, self.k, self.drop_rows = target, tuple(tap_layers), num_drafts, drop_rows
-        self.responses, self.inputs = {}, []
-
-    def enqueue_requests(self, requests):
-        ids = []
-        for request in requests:
-            ids.append(len(self.inputs))
-            self.inputs.append(list(request.input_token_ids))
-            outputs = self._outputs(request.input_token_ids, request.output_config.additional_model_outputs)
-            self.responses[ids[-1]] = SimpleNamespace(has_error=lambda: False, result=SimpleNamespace(
-                additional_outputs=[SimpleNamespace(name=n, output=t) for n, t in outputs.items()]))
-        return ids
-
-    def await_responses(self, request_id):
-        return [self.responses.pop(request_id)]
-
-    @torch.inference_mode()
-    def _outputs(self, ids, requested) -> dict:
-        n = len(ids)
-        cache = KVCache(len(self.target.model.layers), 1, n + 1, 2, 16)
-        logits, taps = self.target(torch.tensor([ids]), torch.arange(n)[None], cache, torch.tensor([0]), self.tap_layers)
-        rows, valid = tail_rows_reference([n], self.k)
-        rows, valid = torch.from_numpy(rows[0]), int(valid[0]) - self.drop_rows
-        tail_logits = logits[0, rows]  # [K+1, V]
-        tokens = tail_logits.argmax(-1)
-        drafts = torch.tensor(ids)[rows[1:]]
-        accepted = int(accept_length(drafts[None], tokens[None])[0])
-        values = {"dflash_taps": taps[0], "dflash_tail_taps": taps[0, rows].reshape(1, -1),
-                  "dflash_tail_logits": tail_logits.reshape(1, -1),
-                  "dflash_accept": torch.tensor([[accepted, valid, *tokens.tolist()]], dtype=torch.int32)}
-        return {("context_" if gather else "generation_") + name: values[name] for name, gather in requested}
-
-
-def _runner(pair, drop_rows=0):
+def _runner(pair, drop_rows=0, sampled=True, tokens_per_block=4):
     d = pair.draft.config
+    outputs = TargetOutputs(len(d.target_layer_ids), d.dims.hidden_size, pair.target.config.vocab_size, d.block_size,
+                            "fp32", sampled).to_list()
     settings = {"num_drafts": d.block_size - 1, "vocab_size": pair.target.config.vocab_size,
-                "target_layer_ids": list(d.target_layer_ids), "hidden_size": d.dims.hidden_size}
-    emulator = EngineEmulator(pair.target, d.target_layer_ids, d.block_size - 1, drop_rows)
+                "target_layer_ids": list(d.target_layer_ids), "hidden_size": d.dims.hidden_size, "outputs": outputs}
+    registered = [(o["name"], o["gather_context"]) for o in outputs]  # what TrtllmTargetRunner.open registers
+    emulator = ExecutorEmulator(pair.target, d.target_layer_ids, d.block_size - 1, registered,
+                                {o["name"] for o in outputs}, tokens_per_block, drop_rows=drop_rows)
     return TrtllmTargetRunner(emulator, TLE, settings, SLOTS, device="cpu"), emulator
 
 
@@ -91,10 +49,14 @@ def test_parse_accept_and_block_input():
     assert block_input([1, 2, 3, 4], 3, [9, 5, 6]) == [1, 2, 3, 9, 5, 6]  # rejected drafts dropped
     with pytest.raises(ValueError):
         block_input([1, 2], 3, [9])
-    outputs = {"generation_dflash_accept": torch.zeros(1, 6), "context_dflash_taps": torch.ones(2, 4)}
-    assert output_tensor(outputs, "dflash_taps").shape == (2, 4)
+    assert result_name("dflash_taps", True) == "context_dflash_taps"
+    assert result_name("dflash_accept", False) == "generation_dflash_accept"
+    outputs = {"generation_dflash_accept": torch.zeros(1, 1, 6), "context_dflash_taps": torch.ones(2, 4),
+               "generation_dflash_taps": torch.ones(1, 1, 4)}  # what createResult returns for a gather output
+    assert output_tensor(outputs, "dflash_taps", True).shape == (2, 4)  # the prompt rows, not the last row
+    assert parse_accept(output_tensor(outputs, "dflash_accept", False), 3)[1] == 0
     with pytest.raises(Exception, match="rebuild"):
-        output_tensor(outputs, "dflash_tail_taps")
+        output_tensor(outputs, "dflash_tail_logits", False)
 
 
 def test_tail_rows_clamp_to_each_request():
@@ -161,6 +123,63 @@ def test_commit_rewinds_to_the_committed_length(loaded_tiny_pair):
     assert runner.history[1] == [1, 2, 3, 9, 20]
     runner.verify(torch.tensor([1]), torch.tensor([[7] * width]), torch.tensor([5]), sampling)
     assert emulator.inputs[-1][:6] == [1, 2, 3, 9, 20, 7]
+
+
+def test_a_greedy_engine_has_no_block_logits_and_refuses_sampled_requests(loaded_tiny_pair):
+    runner, emulator = _runner(loaded_tiny_pair, sampled=False)
+    assert not runner.serves_sampled and "dflash_tail_logits" not in emulator.registered
+    greedy = tuple(torch.zeros(1) for _ in range(4))
+    runner.prefill(torch.tensor([0]), [(1, 2, 3, 4)], greedy)
+    sampled = (torch.tensor([0.8]), torch.zeros(1, dtype=torch.int64), torch.ones(1), torch.zeros(1, dtype=torch.int64))
+    with pytest.raises(ValueError, match="greedy requests only"):
+        runner.prefill(torch.tensor([1]), [(1, 2, 3, 4)], sampled)
+
+
+def test_each_sequence_gets_its_own_kv_salt_so_a_shared_prefix_never_hides_its_taps(loaded_tiny_pair):
+    """Two prompts sharing a 3-block system prompt: without salts upstream reuses the first one's blocks and
+    leaves the second's prefix rows of context_dflash_taps unwritten (audit finding 7); with a salt per
+    sequence both get every row, and each sequence's verifies still reuse its own history."""
+    pair = loaded_tiny_pair
+    system = list(range(10, 22))  # 12 tokens = 3 blocks of 4
+    prompts = [tuple(system + [5, 6, 7]), tuple(system + [8, 9])]
+    greedy = tuple(torch.zeros(1) for _ in range(4))
+
+    _, raw = _runner(pair)  # the hazard, straight at the executor: same prefix, no salt
+    for prompt in prompts:
+        raw.enqueue_requests([TLE.Request(input_token_ids=list(prompt), output_config=TLE.OutputConfig(
+            additional_model_outputs=[("dflash_taps", True)]))])
+    second = raw.await_responses(1)[0].result.additional_outputs[0].output
+    assert raw.computed[1] == 2 and torch.isnan(second[:12]).all()
+
+    runner, emulator = _runner(pair)
+    reference = TorchTargetRunner(pair.target, SLOTS, 64, pair.draft.config.target_layer_ids)
+    for slot, prompt in enumerate(prompts):
+        _, taps, _, _ = runner.prefill(torch.tensor([slot]), [prompt], greedy)
+        _, expected, _, _ = reference.prefill(torch.tensor([slot]), [prompt], greedy)
+        torch.testing.assert_close(taps[0, : len(prompt)], expected[0, : len(prompt)], atol=1e-5, rtol=1e-5)
+    assert emulator.computed == [15, 14] and emulator.salts[0] != emulator.salts[1]
+    width = pair.draft.config.block_size
+    runner.verify(torch.tensor([0]), torch.tensor([[7] + [0] * (width - 1)]), torch.tensor([14]), greedy)
+    assert emulator.salts[-1] == emulator.salts[0] and emulator.computed[-1] < width + 4  # its own history reused
+
+
+def test_the_emulated_executor_checks_registration_like_upstream(loaded_tiny_pair):
+    d = loaded_tiny_pair.draft.config
+    with pytest.raises(ExecutorError, match="without a buffer"):  # an engine output nobody registered
+        ExecutorEmulator(loaded_tiny_pair.target, d.target_layer_ids, d.block_size - 1, [("dflash_taps", True)],
+                         {"dflash_taps", "dflash_accept"})
+    emulator = ExecutorEmulator(loaded_tiny_pair.target, d.target_layer_ids, d.block_size - 1,
+                                [("dflash_taps", True), ("dflash_accept", False)], {"dflash_taps", "dflash_accept"})
+    for outputs, message in (([("dflash_accept", True)], "not gathered"), ([("dflash_tail_logits", False)], "not found")):
+        with pytest.raises(ExecutorError, match=message):
+            emulator.enqueue_requests([TLE.Request(input_token_ids=[1, 2, 3],
+                                                   output_config=TLE.OutputConfig(additional_model_outputs=outputs))])
+    (i,) = emulator.enqueue_requests([TLE.Request(input_token_ids=[1, 2, 3], output_config=TLE.OutputConfig(
+        additional_model_outputs=[("dflash_taps", True), ("dflash_accept", False)]))])
+    got = {o.name: tuple(o.output.shape) for o in emulator.await_responses(i)[0].result.additional_outputs}
+    width = len(d.target_layer_ids) * d.dims.hidden_size
+    assert got == {"context_dflash_taps": (3, width), "generation_dflash_taps": (1, 1, width),
+                   "generation_dflash_accept": (1, 1, d.block_size + 2)}
 
 
 @pytest.mark.gpu

@@ -49,6 +49,10 @@ class RuntimeConfig:
     # Draft vocabulary (model/draft_vocab.py): the drafter scores only the N most frequent tokens of
     # its `dflash_trt_draft_vocab.json` when proposing (lossless). null: the full vocabulary.
     draft_vocab_size: int | None = None
+    # Sampled requests (temperature > 0). false: greedy requests only, refused otherwise; on backend trtllm
+    # the target engine then emits no block logits, whose buffers TensorRT-LLM reserves at start
+    # (max_num_tokens x (K+1) x V floats: ~40 GB for Qwen3-8B at block 16; docs/trtllm-backend.md).
+    sampled_requests: bool = True
 
 
 @dataclass
@@ -126,6 +130,8 @@ def _check(cfg: BuildConfig, where: str) -> None:
     conf = cfg.runtime.draft_confidence
     if not (isinstance(conf, (int, float)) and not isinstance(conf, bool) and 0 <= conf < 1):
         bad("runtime.draft_confidence", f"expected a probability in [0, 1) (0 = full blocks), got {conf!r}")
+    if not isinstance(cfg.runtime.sampled_requests, bool):
+        bad("runtime.sampled_requests", f"expected true or false, got {cfg.runtime.sampled_requests!r}")
     vocab = cfg.runtime.draft_vocab_size
     if vocab is not None and vocab < 1:
         bad("runtime.draft_vocab_size", f"expected a positive int (or null = full vocabulary), got {vocab!r}")

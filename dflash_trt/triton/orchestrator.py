@@ -14,6 +14,7 @@ import logging
 import os
 import queue
 import threading
+from dataclasses import replace
 
 import numpy as np
 
@@ -186,7 +187,8 @@ class Orchestrator:
         runners = open_runners(params["bundle_path"], self.limits, params.get("device") or None, manifest)
         self.tokenizer, self.vocab_size, self.eos_ids = runners.tokenizer, runners.vocab_size, runners.eos_ids
         self.detokenize = runners.detokenize
-        self.request_limits = RequestLimits.for_tokenizer(self.tokenizer, self.limits.max_seq_len)
+        self.request_limits = replace(RequestLimits.for_tokenizer(self.tokenizer, self.limits.max_seq_len),
+                                      sampled_requests=bool(runtime.get("sampled_requests", True)))
         self.service = DFlashService(None, self.limits, on_step=on_step, runners=(runners.target, runners.draft),
                                      detokenize=runners.detokenize)
 

@@ -56,6 +56,7 @@ class RequestLimits:
     max_stop_words: int = 64
     max_stop_word_bytes: int = 512
     max_stop_token_ids: int = 1024
+    sampled_requests: bool = True  # False: the bundle serves temperature 0 only (runtime.sampled_requests)
 
     @classmethod
     def for_tokenizer(cls, tokenizer, max_seq_len: int) -> "RequestLimits":
@@ -189,6 +190,10 @@ def parse_request(get: Callable, tokenizer, max_seq_len: int, vocab_size: int,
     seed = _scalar(get, "seed", int, 0)
     if temperature < 0:
         raise RequestError(f"input 'temperature': must be >= 0, got {temperature}")
+    if temperature > 0 and not limits.sampled_requests:
+        raise RequestError(f"input 'temperature': this bundle serves greedy requests only (built with "
+                           f"runtime.sampled_requests: false), got {temperature}; send temperature 0, or rebuild "
+                           "with runtime.sampled_requests: true")
     if not 0 < top_p <= 1:
         raise RequestError(f"input 'top_p': must be in (0, 1], got {top_p}")
     if top_k < 0:

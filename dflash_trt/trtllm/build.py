@@ -26,9 +26,15 @@ from dflash_trt.engine.backend import FilledBundle, Log
 from dflash_trt.engine.config import BuildConfig
 from dflash_trt.errors import ConfigError, UnsupportedModelError
 from dflash_trt.trtllm import versions
-from dflash_trt.trtllm.io_spec import ENGINE_CONFIG_FILE, DraftGraphSpec, TargetOutputs, engine_config
+from dflash_trt.trtllm.io_spec import ENGINE_CONFIG_FILE, DraftGraphSpec, describe_reserved, engine_config
 from dflash_trt.trtllm.plugin import DFLASH_VERIFY, LIBRARY_NAME
-from dflash_trt.trtllm.target_build import class_name, target_settings, trtllm_build_args
+from dflash_trt.trtllm.target_build import (
+    class_name,
+    engine_lengths,
+    target_outputs,
+    target_settings,
+    trtllm_build_args,
+)
 
 PURPOSE = "backend 'trtllm' (dflash-trt build)"
 
@@ -44,6 +50,7 @@ class TrtllmPlan:
     checkpoint_dir: Path  # converted checkpoint (scratch, beside tmp_dir)
     target_num_layers: int
     trained_block_size: int
+    sampled: bool = True  # runtime.sampled_requests: the engine emits the tail block's logits
     has_tokenizer: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -106,8 +113,16 @@ def plan_trtllm_build(cfg: BuildConfig, tmp_dir: str | Path) -> TrtllmPlan:
     from dflash_trt.tokenizer import has_tokenizer
 
     class_name(t.family)
-    return TrtllmPlan(t.family, dtype, block_size, spec, target_settings(t.family, spec, t.dims.num_layers, dtype),
-                      args, checkpoint_dir, t.dims.num_layers, d.block_size, has_tokenizer(target.folder))
+    sampled = cfg.runtime.sampled_requests
+    return TrtllmPlan(t.family, dtype, block_size, spec,
+                      target_settings(t.family, spec, t.dims.num_layers, dtype, sampled), args, checkpoint_dir,
+                      t.dims.num_layers, d.block_size, sampled, has_tokenizer(target.folder))
+
+
+def reserved_bytes(plan: TrtllmPlan, runtime) -> dict[str, int]:
+    """What the target executor reserves for the DFlash outputs at start (io_spec.TargetOutputs.reserved_bytes)."""
+    tokens = engine_lengths(runtime.max_seq_len, plan.block_size, runtime.max_batch_size)["max_num_tokens"]
+    return target_outputs(plan.draft_spec, plan.dtype, plan.sampled).reserved_bytes(tokens)
 
 
 def pair_info(plan: TrtllmPlan) -> dict:
@@ -129,8 +144,7 @@ def installed_versions() -> dict:
 
 
 def write_engine_config(tmp_dir: Path, plan: TrtllmPlan, library: Path) -> dict:
-    target = TargetOutputs(plan.draft_spec.n_taps, plan.draft_spec.hidden_size, plan.draft_spec.vocab_size,
-                           plan.block_size, plan.dtype)
+    target = target_outputs(plan.draft_spec, plan.dtype, plan.sampled)
     plugin = {**DFLASH_VERIFY.to_dict(), "library": f"plugin/{LIBRARY_NAME}", "source_library": str(library)}
     config = engine_config(plan.draft_spec, target, ["trtllm-build", *plan.build_args], plugin,
                            installed_versions(), plan.family)
@@ -153,6 +167,8 @@ def build_trtllm_bundle(cfg: BuildConfig, tmp_dir: str | Path, log: Log = print)
 
     tmp_dir = Path(tmp_dir)
     plan = plan_trtllm_build(cfg, tmp_dir)
+    log(describe_reserved(reserved_bytes(plan, cfg.runtime))
+        + ("" if plan.sampled else "; greedy requests only (runtime.sampled_requests: false)"))
     build_steps.check_gpu(cfg)
     try:
         library = build_steps.copy_plugin(tmp_dir, log)

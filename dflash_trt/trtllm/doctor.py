@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 from dflash_trt.errors import MissingDependencyError
 from dflash_trt.trtllm import versions
@@ -171,3 +172,22 @@ def diagnose() -> list[dict]:
             *probe_package("onnx", "onnx", "draft graph export (route A)"),
             *probe_package("onnxruntime", "onnxruntime", "draft graphs on CPU (CI)"), *probe_plugin(),
             *probe_cpu_layers()]
+
+
+def reserved_for_config(path: str) -> dict:
+    """The bytes a trtllm build config's target executor reserves for the DFlash outputs at start
+    (trtllm/build.py `reserved_bytes`), or why it cannot be told (the pair is not downloaded, ...)."""
+    import tempfile
+
+    from dflash_trt.engine.config import load_build_config
+    from dflash_trt.errors import DFlashTrtError
+    from dflash_trt.trtllm.build import plan_trtllm_build, reserved_bytes
+    from dflash_trt.trtllm.io_spec import describe_reserved
+
+    try:
+        cfg = load_build_config(path)
+        plan = plan_trtllm_build(cfg, Path(tempfile.gettempdir()) / "dflash-trt-doctor-plan")
+    except DFlashTrtError as exc:
+        return {"summary": f"cannot account its outputs: {exc.format_message()}", "bytes": None}
+    reserved = reserved_bytes(plan, cfg.runtime)
+    return {"summary": describe_reserved(reserved), "bytes": reserved, "sampled_requests": plan.sampled}

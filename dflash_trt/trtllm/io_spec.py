@@ -108,28 +108,65 @@ class DraftGraphSpec:
         return cls(**data)
 
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "int64": 8}
+# RuntimeBuffers: one set of additional-output buffers per buffer slot, (ctx-gen fusion ? 1 : 2) x micro
+# batches; we account for 2 (no fusion, one micro batch at pp 1): an upper bound of what 1.2.1 reserves.
+RUNTIME_BUFFER_SETS = 2
+
+
 @dataclass(frozen=True)
 class TargetOutputs:
-    """The target engine's outputs beyond the stock `logits` (docs/trtllm-backend.md, target engine)."""
+    """The target engine's outputs beyond the stock `logits` (docs/trtllm-backend.md, target engine).
+
+    How TensorRT-LLM 1.2.1 returns and sizes them (search ids: llmRequest.h 786144818, llmRequest.cpp
+    572863852, inflightBatchingUtils.cpp 149516547, runtimeBuffers.cpp 730531010,
+    trtGptModelInflightBatching.cpp 538519496):
+    - an output registered with gather_context=True comes back twice, `context_<name>` [promptLen, X]
+      (rows from getContextCurrentPosition(): a reused prefix's rows are never written) and
+      `generation_<name>` [1, maxNewTokens, X] (the last row); gather_context=False: `generation_<name>` only;
+    - every registered output gets a GPU buffer [max_num_tokens, X] per runtime buffer set, allocated
+      before the KV cache is sized from the free memory: what is registered shrinks the KV pool.
+    So `dflash_tail_logits` ((K+1)·V floats per row) exists only in engines built for sampled requests.
+    """
 
     n_taps: int
     hidden_size: int
     vocab_size: int
     block_size: int
     dtype: str  # model dtype of taps
+    sampled: bool = False  # engines for sampled requests also emit the tail block's logits
 
     def tensors(self) -> list[tuple[TensorSpec, bool]]:
         """(spec, gather_context) of every extra output, in ExecutorConfig order."""
         f, width, nh = FLOAT_DTYPES[self.dtype], self.block_size, self.n_taps * self.hidden_size
-        return [
-            (TensorSpec("dflash_taps", f, ("num_tokens", nh)), True),  # [T, n*H] prompt rows (prefill)
+        out = [
+            (TensorSpec("dflash_taps", f, ("num_tokens", nh)), True),  # [T, n*H] every computed row
             (TensorSpec("dflash_accept", "int32", ("num_requests", 2 + width)), False),  # [R, a, valid, t_0..t_K]
-            (TensorSpec("dflash_tail_taps", f, ("num_requests", width * nh)), False),  # [R, (K+1)*n*H]
-            (TensorSpec("dflash_tail_logits", "float32", ("num_requests", width * self.vocab_size)), False),
         ]
+        if self.sampled:
+            out.append((TensorSpec("dflash_tail_logits", "float32", ("num_requests", width * self.vocab_size)), False))
+        return out
 
     def to_list(self) -> list[dict]:
         return [{**t.to_dict(), "gather_context": g} for t, g in self.tensors()]
+
+    def reserved_bytes(self, max_num_tokens: int, buffer_sets: int = RUNTIME_BUFFER_SETS) -> dict[str, int]:
+        """GPU bytes the executor reserves at start for each output: buffer_sets x [max_num_tokens, X]."""
+        return {t.name: buffer_sets * max_num_tokens * DTYPE_BYTES[t.dtype] * _row(t.dims)
+                for t, _ in self.tensors()}
+
+
+def _row(dims: tuple) -> int:
+    n = 1
+    for d in dims[1:]:
+        n *= d
+    return n
+
+
+def describe_reserved(reserved: dict[str, int]) -> str:
+    """'additional outputs reserve 0.34 GB at executor start (dflash_taps 0.34 GB, dflash_accept 0.00 GB)'"""
+    parts = ", ".join(f"{name} {n / 1e9:.2f} GB" for name, n in reserved.items())
+    return f"additional outputs reserve {sum(reserved.values()) / 1e9:.2f} GB of GPU memory at executor start ({parts})"
 
 
 def engine_config(draft: DraftGraphSpec, target: TargetOutputs, build_argv: list[str], plugin: dict,

@@ -3,19 +3,34 @@
 The target engine (docs/trtllm-backend.md) is driven through TensorRT-LLM 1.2.1's C++ `Executor`
 (`tensorrt_llm.bindings.executor`) with "prompt-append" verification: every step sends, per slot,
 one request whose input is the slot's committed tokens up to the bonus token plus the drafts
-[bonus, d_1 .. d_K], with `max_tokens=1`; KV-cache block reuse recomputes only the block. The
-engine's extra outputs carry the DFlashVerify result (`dflash_accept`), the taps of the block rows
-(`dflash_tail_taps`), prompt taps at prefill (`dflash_taps`) and, for sampled rows only, the block
-logits (`dflash_tail_logits`), verified here by the same kernel (`dflash_trt.kernels.verify_block`).
+[bonus, d_1 .. d_K], with `max_tokens=1`; KV-cache block reuse recomputes only the last rows.
+
+What the executor returns, as upstream builds it (LlmRequest::createResult, search id 572863852;
+copyAdditionalOutputs, id 149516547): an output registered with gather_context=True comes back as
+`context_<name>` [promptLen, X], written from getContextCurrentPosition() (rows of a reused prefix are
+never written), AND `generation_<name>` [1, 1, X]; one registered without it as `generation_<name>`
+only. So this runner reads
+- `context_dflash_taps`: the taps of the prompt (prefill) or of the block rows start..start+w (verify);
+- `generation_dflash_accept`: [accepted, valid_rows, t_0 .. t_K] of the in-engine DFlashVerify;
+- `generation_dflash_tail_logits`: the block logits, for sampled requests (engines built with
+  runtime.sampled_requests), verified here by the same kernel (`dflash_trt.kernels.verify_block`).
+
+KV block reuse would hand a new sequence the blocks of an earlier one with the same prefix, leaving
+its prompt taps unwritten (uninitialised rows, right shape: acceptance collapses, output stays
+lossless; audit finding 7). Each sequence therefore gets its own `cache_salt_id` (blocks are shared
+only between requests of equal salt: kvCacheManager BlockKey, id 126178160; Request binding,
+TensorRT-LLM >= 1.1): its verifies reuse its own history, nothing else does.
 
 The runner keeps each slot's committed token ids; `commit(slots, lengths)` truncates them, so a
-rewind is a length change as in the torch runner. tensorrt_llm is imported in `__init__` only.
+rewind is a length change as in the torch runner. tensorrt_llm is imported in `open` only.
 The draft side is `draft_runner.GraphDraftRunner` over TensorRT sessions (`load_trtllm_runners`).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import secrets
 from pathlib import Path
 
 import torch
@@ -23,11 +38,11 @@ import torch
 from dflash_trt.decoding.batch import pad_prompts
 from dflash_trt.decoding.sampling import sample_tokens
 from dflash_trt.decoding.verify import accept_length
-from dflash_trt.errors import CheckpointError
+from dflash_trt.errors import CheckpointError, MissingDependencyError
 from dflash_trt.trtllm import versions
 from dflash_trt.trtllm.io_spec import ENGINE_CONFIG_FILE
 
-GREEDY_OUTPUTS = (("dflash_accept", False),)
+TAPS, ACCEPT, TAIL_LOGITS = "dflash_taps", "dflash_accept", "dflash_tail_logits"
 
 
 def parse_accept(row: torch.Tensor, num_drafts: int) -> tuple[int, int, list[int]]:
@@ -45,13 +60,19 @@ def block_input(history: list[int], start: int, block: list[int]) -> list[int]:
     return history[:start] + block
 
 
-def output_tensor(outputs: dict, name: str) -> torch.Tensor:
-    """An additional output by its engine name (the executor prefixes context_ / generation_)."""
-    for key in (name, f"generation_{name}", f"context_{name}"):
-        if key in outputs:
-            value = outputs[key]
-            return value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-    raise CheckpointError(f"the target engine returned no '{name}' (got {sorted(outputs)}); rebuild the bundle")
+def result_name(name: str, gather_context: bool) -> str:
+    """The name createResult gives an output: context_ for the prompt rows of a gather_context output,
+    generation_ otherwise (a gather_context output is returned under both)."""
+    return f"{'context' if gather_context else 'generation'}_{name}"
+
+
+def output_tensor(outputs: dict, name: str, gather_context: bool) -> torch.Tensor:
+    """An additional output of one response, by how it was registered."""
+    key = result_name(name, gather_context)
+    if key not in outputs:
+        raise CheckpointError(f"the target engine returned no '{key}' (got {sorted(outputs)}); rebuild the bundle")
+    value = outputs[key]
+    return value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
 
 
 class TrtllmTargetRunner:
@@ -60,14 +81,21 @@ class TrtllmTargetRunner:
         self.executor, self.tle, self.settings = executor, tle, settings
         self.num_drafts, self.vocab_size = settings["num_drafts"], settings["vocab_size"]
         self.tap_width = len(settings["target_layer_ids"]) * settings["hidden_size"]
+        self.registered = {o["name"]: bool(o["gather_context"]) for o in settings["outputs"]}
+        for name in (TAPS, ACCEPT):
+            if name not in self.registered:
+                raise CheckpointError(f"dflash_target.json: outputs lack '{name}'; rebuild the bundle")
         self.device = torch.device(device)
         self.history: list[list[int]] = [[] for _ in range(n_slots)]  # committed ids per slot
         self.pending: list[list[int] | None] = [None] * n_slots  # last verify input, until commit
+        self.salts = [0] * n_slots  # cache_salt_id of the sequence in each slot
+        self._salt = itertools.count(secrets.randbits(48) << 8)  # unique per sequence in this process
 
     @classmethod
     def open(cls, engine_dir: str | Path, settings: dict, n_slots: int,
              free_gpu_memory_fraction: float = 0.85) -> "TrtllmTargetRunner":
-        """An Executor over the engine in `engine_dir` with the DFlash outputs enabled."""
+        """An Executor over the engine in `engine_dir` with the engine's DFlash outputs registered (all of
+        them: every output the engine marks must have a buffer)."""
         versions.require("tensorrt_llm", "the trtllm target runner")
         from tensorrt_llm.bindings import executor as tle
 
@@ -78,17 +106,27 @@ class TrtllmTargetRunner:
         executor = tle.Executor(Path(engine_dir), tle.ModelType.DECODER_ONLY, config)
         return cls(executor, tle, settings, n_slots)
 
-    # --- executor plumbing --------------------------------------------------------------------
-    def _request(self, tokens: list[int], outputs) -> object:
-        tle = self.tle
-        return tle.Request(input_token_ids=tokens, max_tokens=1, streaming=False,
-                           sampling_config=tle.SamplingConfig(beam_width=1),
-                           output_config=tle.OutputConfig(additional_model_outputs=[
-                               tle.AdditionalModelOutput(name, gather) for name, gather in outputs]))
+    @property
+    def serves_sampled(self) -> bool:
+        return TAIL_LOGITS in self.registered
 
-    def _run(self, inputs: list[list[int]], outputs: list[tuple]) -> list[dict[str, torch.Tensor]]:
-        """One request per input; their additional outputs by name, in input order."""
-        ids = self.executor.enqueue_requests([self._request(t, o) for t, o in zip(inputs, outputs)])
+    # --- executor plumbing --------------------------------------------------------------------
+    def _request(self, tokens: list[int], names: list[str], salt: int) -> object:
+        tle = self.tle
+        outputs = [tle.AdditionalModelOutput(n, self.registered[n]) for n in names]
+        try:
+            return tle.Request(input_token_ids=tokens, max_tokens=1, streaming=False,
+                               sampling_config=tle.SamplingConfig(beam_width=1),
+                               output_config=tle.OutputConfig(additional_model_outputs=outputs),
+                               cache_salt_id=salt)
+        except TypeError as exc:
+            raise MissingDependencyError(
+                f"this TensorRT-LLM's executor Request has no cache_salt_id ({exc}); the trtllm runner needs "
+                f"tensorrt-llm=={versions.TRTLLM_ENGINE_VERSION} (KV-cache salting, 1.1+)") from None
+
+    def _run(self, inputs: list[list[int]], names: list[list[str]], salts: list[int]) -> list[dict]:
+        """One request per input; their additional outputs by result name, in input order."""
+        ids = self.executor.enqueue_requests([self._request(t, n, s) for t, n, s in zip(inputs, names, salts)])
         results = []
         for request_id in ids:
             response = self.executor.await_responses(request_id)[-1]
@@ -97,29 +135,39 @@ class TrtllmTargetRunner:
             results.append({o.name: o.output for o in response.result.additional_outputs})
         return results
 
-    def _outputs(self, sampled: bool, prefill: bool) -> list[tuple]:
-        extra = [("dflash_taps", True)] if prefill else [("dflash_tail_taps", False)]
-        return [*GREEDY_OUTPUTS, *extra, *([("dflash_tail_logits", False)] if sampled else [])]
+    def _names(self, sampled: bool) -> list[str]:
+        if sampled and not self.serves_sampled:
+            raise ValueError("this trtllm bundle serves greedy requests only (built with runtime.sampled_requests: "
+                             "false); send temperature 0 or rebuild with runtime.sampled_requests: true")
+        return [TAPS, ACCEPT, *([TAIL_LOGITS] if sampled else [])]
 
     def _logits(self, out: dict) -> torch.Tensor:  # [K+1, V]
-        return output_tensor(out, "dflash_tail_logits").to(self.device, torch.float32).view(self.num_drafts + 1, -1)
+        return output_tensor(out, TAIL_LOGITS, False).to(self.device, torch.float32).view(self.num_drafts + 1, -1)
+
+    def _accept(self, out: dict) -> tuple[int, int, list[int]]:
+        return parse_accept(output_tensor(out, ACCEPT, self.registered[ACCEPT]), self.num_drafts)
+
+    def _taps(self, out: dict, prompt_len: int) -> torch.Tensor:  # [promptLen, n*H]
+        rows = output_tensor(out, TAPS, True)
+        if rows.shape[0] != prompt_len:
+            raise CheckpointError(f"context_{TAPS} has {rows.shape[0]} rows for a {prompt_len}-token request")
+        return rows.to(self.device).view(prompt_len, -1)
 
     # --- the contract -------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, slots, prompts, sampling):
         temperature = sampling[0]
         sampled = [bool(t > 0) for t in temperature.tolist()]
-        results = self._run([list(p) for p in prompts], [self._outputs(s, True) for s in sampled])
+        for slot in slots.tolist():
+            self.salts[slot] = next(self._salt)  # a new sequence: no blocks of anyone else's
+        results = self._run([list(p) for p in prompts], [self._names(s) for s in sampled],
+                            [self.salts[s] for s in slots.tolist()])
         _, positions, lengths = pad_prompts(prompts, self.device)
         taps = torch.zeros(len(prompts), positions.shape[1], self.tap_width, device=self.device)
         first = torch.zeros(len(prompts), dtype=torch.int64, device=self.device)
         for b, (slot, prompt, out) in enumerate(zip(slots.tolist(), prompts, results)):
-            rows = output_tensor(out, "dflash_taps").to(self.device)
-            if rows.shape[0] != len(prompt):
-                raise RuntimeError(f"prefill got taps for {rows.shape[0]} of {len(prompt)} prompt tokens: KV-cache "
-                                   "reuse skipped part of the prompt (docs/trtllm-backend.md, open risks)")
-            taps[b, : len(prompt)] = rows.view(len(prompt), -1).to(taps.dtype)
-            first[b] = parse_accept(output_tensor(out, "dflash_accept"), self.num_drafts)[2][-1]
+            taps[b, : len(prompt)] = self._taps(out, len(prompt)).to(taps.dtype)
+            first[b] = self._accept(out)[2][-1]
             self.history[slot], self.pending[slot] = list(prompt), None
         if any(sampled):
             rows = [b for b, s in enumerate(sampled) if s]
@@ -133,17 +181,16 @@ class TrtllmTargetRunner:
         width, sampled = blocks.shape[1], [bool(t > 0) for t in sampling[0].tolist()]
         inputs = [block_input(self.history[s], p, row) for s, p, row in
                   zip(slots.tolist(), start.tolist(), blocks.tolist())]
-        results = self._run(inputs, [self._outputs(s, False) for s in sampled])
+        results = self._run(inputs, [self._names(s) for s in sampled], [self.salts[s] for s in slots.tolist()])
         tokens = torch.zeros(blocks.shape, dtype=torch.int64, device=self.device)
         taps = torch.zeros(blocks.shape[0], width, self.tap_width, device=self.device)
-        for b, (slot, out) in enumerate(zip(slots.tolist(), results)):
-            _, valid, row_tokens = parse_accept(output_tensor(out, "dflash_accept"), self.num_drafts)
+        for b, (slot, first, out) in enumerate(zip(slots.tolist(), start.tolist(), results)):
+            _, valid, row_tokens = self._accept(out)
             if valid < width:
                 raise RuntimeError(f"the engine recomputed {valid} of the {width} block rows (KV-cache reuse covered "
                                    "part of the block); docs/trtllm-backend.md, open risks")
             tokens[b] = torch.tensor(row_tokens[-width:], device=self.device)
-            tail = output_tensor(out, "dflash_tail_taps").to(self.device).view(self.num_drafts + 1, -1)
-            taps[b] = tail[-width:].to(taps.dtype)
+            taps[b] = self._taps(out, len(inputs[b]))[first: first + width].to(taps.dtype)
             self.pending[slot] = inputs[b]
         if any(sampled):
             from dflash_trt.kernels import verify_block

@@ -35,10 +35,17 @@ def class_name(family: str) -> str:
 
 
 def engine_lengths(max_seq_len: int, block_size: int, max_batch_size: int) -> dict[str, int]:
-    """Prompt-append sends history + K drafts as input every step and asks for one token."""
+    """Prompt-append sends history + K drafts as input every step and asks for one token.
+
+    max_num_tokens, chosen deliberately (every additional output costs max_num_tokens rows of GPU memory,
+    `TargetOutputs.reserved_bytes`): the largest step the runner sends, which is the larger of one
+    whole prompt (no chunked context: a prompt's rows arrive in one step) and a full batch of verifies,
+    each recomputing its block plus the partial KV block before it (reuse is by whole blocks of
+    TOKENS_PER_BLOCK tokens)."""
     max_input_len = max_seq_len + block_size + 1
+    verifies = max_batch_size * (block_size + TOKENS_PER_BLOCK - 1)
     return {"max_input_len": max_input_len, "max_seq_len": max_input_len + 1,
-            "max_num_tokens": max(max_input_len, max_batch_size * block_size)}
+            "max_num_tokens": max(max_input_len, verifies)}
 
 
 def trtllm_build_args(checkpoint_dir: Path, output_dir: Path, family: str, quant: str, kv_cache: str,
@@ -62,9 +69,14 @@ def trtllm_build_args(checkpoint_dir: Path, output_dir: Path, family: str, quant
     return args
 
 
-def target_settings(family: str, draft: DraftGraphSpec, target_num_layers: int, dtype: str) -> dict:
+def target_outputs(draft: DraftGraphSpec, dtype: str, sampled: bool) -> TargetOutputs:
+    return TargetOutputs(draft.n_taps, draft.hidden_size, draft.vocab_size, draft.block_size, dtype, sampled)
+
+
+def target_settings(family: str, draft: DraftGraphSpec, target_num_layers: int, dtype: str,
+                    sampled: bool = False) -> dict:
     """dflash_target.json: what the model class file needs at build time."""
-    outputs = TargetOutputs(draft.n_taps, draft.hidden_size, draft.vocab_size, draft.block_size, dtype)
+    outputs = target_outputs(draft, dtype, sampled)
     return {
         "format": "dflash-trt/target-model-class",
         "family": family,
@@ -77,6 +89,7 @@ def target_settings(family: str, draft: DraftGraphSpec, target_num_layers: int, 
         "num_drafts": draft.num_drafts,
         "mask_token_id": draft.mask_token_id,
         "dtype": TRT_DTYPES[dtype],
+        "sampled": sampled,  # the engine also emits dflash_tail_logits (runtime.sampled_requests)
         "plugin_library": f"../plugin/{LIBRARY_NAME}",  # relative to this file's folder
         "plugin": {"name": DFLASH_VERIFY.name, "version": DFLASH_VERIFY.version,
                    "namespace": DFLASH_VERIFY.namespace},

@@ -8,14 +8,14 @@ tensorrt_llm; never dflash_trt) and defines its classes lazily through the modul
 it imports anywhere, and asking for a class without TensorRT-LLM raises an ImportError naming it.
 
 The classes subclass the stock `QWenForCausalLM` / `LLaMAForCausalLM` and add no parameters (the
-stock checkpoint loads unchanged). `forward` runs the stock network, then marks four outputs:
+stock checkpoint loads unchanged). `forward` runs the stock network, then marks two or three outputs:
 
     dflash_taps        [T, n*H]            post-layer residual stream of target_layer_ids, per token
                                            (the last layer after ln_f, as Hugging Face returns it)
     dflash_accept      [R, 2 + K + 1] i32  [accepted, valid_rows, t_0 .. t_K] of DFlashVerify run on
                                            the request's last K+1 rows (greedy: T=0, top-k 0, top-p 1)
-    dflash_tail_taps   [R, (K+1)*n*H]      the taps of those rows
-    dflash_tail_logits [R, (K+1)*V] f32    their logits (read only for sampled requests)
+    dflash_tail_logits [R, (K+1)*V] f32    their logits; only in engines built for sampled requests
+                                           (settings "sampled"): its buffers cost max_num_tokens rows
 
 T = packed tokens of the step, R = requests. Tail rows of request b, whose packed rows are
 [prev_b, last_b) (`last_token_ids` are cumulative ends): r_j = max(last_b - 1 - (K - j), prev_b),
@@ -152,11 +152,9 @@ class _Graph:
         tokens, accepted = self.verify(logits.view(F.concat([F.shape(rows, 0), k + 1, s["vocab_size"]])), drafts, start)
         accept = F.concat([F.unsqueeze(accepted, 1), F.unsqueeze(valid, 1), F.cast(tokens, "int32")], dim=1)
         accept.mark_output("dflash_accept", "int32")  # [R, 2 + K + 1]
-        width_taps = (k + 1) * len(s["target_layer_ids"]) * s["hidden_size"]
-        F.index_select(taps, 0, flat).view(F.concat([F.shape(rows, 0), width_taps])).mark_output(
-            "dflash_tail_taps", s["dtype"])  # [R, (K+1)*n*H]
-        logits.view(F.concat([F.shape(rows, 0), (k + 1) * s["vocab_size"]])).mark_output(
-            "dflash_tail_logits", "float32")  # [R, (K+1)*V]
+        if s.get("sampled"):
+            logits.view(F.concat([F.shape(rows, 0), (k + 1) * s["vocab_size"]])).mark_output(
+                "dflash_tail_logits", "float32")  # [R, (K+1)*V]
 
     def tail_rows(self, last_token_ids):
         """`tail_rows_reference` in functional ops: rows [R, K+1] int32, valid [R] int32."""
