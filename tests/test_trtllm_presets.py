@@ -83,3 +83,18 @@ def test_cli_help_lists_export_and_doctor():
 
     result = CliRunner().invoke(cli, ["--help"])
     assert "export" in result.output and "doctor" in result.output
+
+
+@pytest.mark.parametrize("trtllm,trt,message", [("1.4.0rc1", "10.14.1.48", "route B serves newer releases"),
+                                                ("1.2.1", "10.13.3.9", "needs TensorRT 10.14"),
+                                                ("1.2.1", "10.14.1.48", None)])
+def test_route_a_checks_the_installed_versions(monkeypatch, trtllm, trt, message):
+    from dflash_trt.trtllm import versions
+
+    monkeypatch.setattr(versions, "installed_version", {"tensorrt_llm": trtllm, "tensorrt": trt}.get)
+    if message is None:
+        versions.require_engine_route("x")
+        return
+    with pytest.raises(MissingDependencyError, match=message):
+        versions.require_engine_route("x")
+    assert "26.04-trtllm-python-py3" in versions.CONTAINER

@@ -163,6 +163,7 @@ def build_trtllm_bundle(cfg: BuildConfig, tmp_dir: str | Path, log: Log = print)
     """Fill `tmp_dir` with the trtllm bundle files (engines, plugin, draft graphs, dflash_engine.json)."""
     for module in ("tensorrt_llm", "tensorrt", "onnx"):
         versions.require(module, PURPOSE)
+    versions.require_engine_route(PURPOSE)
     from dflash_trt.trtllm import build_steps
 
     tmp_dir = Path(tmp_dir)

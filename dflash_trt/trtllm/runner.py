@@ -224,6 +224,7 @@ def load_trtllm_runners(bundle: str | Path, n_slots: int):
 
     versions.require("tensorrt_llm", "loading a trtllm bundle")
     versions.require("tensorrt", "loading a trtllm bundle")
+    versions.require_engine_route("loading a trtllm bundle")
     bundle = Path(bundle)
     config = read_engine_config(bundle)
     versions.check_recorded(config.get("versions", {}), str(bundle / ENGINE_CONFIG_FILE))

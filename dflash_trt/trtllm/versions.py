@@ -19,7 +19,9 @@ from dflash_trt.errors import MissingDependencyError
 TRTLLM_ENGINE_VERSION = "1.2.1"  # route A: last stable release with the TensorRT-engine backend
 TENSORRT_SERIES = "10.14"  # TensorRT-LLM 1.2.1 pins tensorrt~=10.14.1
 TRTLLM_LLMAPI_MIN = "1.3.0rc27"  # route B: first release we found documenting DFlashDecodingConfig
-CONTAINER = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+# The first NGC Triton image with TensorRT-LLM 1.2.1 (TensorRT 10.14.1.48, CUDA 13.1): 26.04 (triton-inference-server
+# server docs/introduction/compatibility.md; 25.12-26.02 carry 1.1.0 / TensorRT 10.13.3, 26.03 carries 1.2.0)
+CONTAINER = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
 
 PINS = {
     "tensorrt_llm": f"tensorrt-llm=={TRTLLM_ENGINE_VERSION}",
@@ -111,6 +113,21 @@ def serves_engine_route(version: str | None) -> bool:
 def serves_llmapi_route(version: str | None) -> bool:
     """Does this TensorRT-LLM have DFlashDecodingConfig (route B)?"""
     return version is not None and version_tuple(version) >= version_tuple(TRTLLM_LLMAPI_MIN)
+
+
+def require_engine_route(purpose: str) -> None:
+    """Route A runs on the pinned TensorRT-LLM / TensorRT only: other releases lack the engine backend
+    (>= 1.3 after rc20) or load engines of another TensorRT; say which, before any work."""
+    trtllm, trt = installed_version("tensorrt_llm"), installed_version("tensorrt")
+    if trtllm is not None and not serves_engine_route(trtllm):
+        raise MissingDependencyError(
+            f"{purpose} needs TensorRT-LLM {TRTLLM_ENGINE_VERSION} (route A, TensorRT engines), but {trtllm} is "
+            f"installed: its TensorRT engine backend is gone or not the pinned one; install "
+            f"tensorrt-llm=={TRTLLM_ENGINE_VERSION} or run inside {CONTAINER} (route B serves newer releases: "
+            "dflash-trt export trtllm-llmapi)")
+    if trt is not None and trt != "unknown" and not trt.startswith(TENSORRT_SERIES):
+        raise MissingDependencyError(f"{purpose} needs TensorRT {TENSORRT_SERIES} (TensorRT-LLM "
+                                     f"{TRTLLM_ENGINE_VERSION}'s pin), but {trt} is installed; {INSTALL['tensorrt']}")
 
 
 def check_recorded(recorded: dict, where: str) -> None:
