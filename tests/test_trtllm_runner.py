@@ -19,6 +19,7 @@ from dflash_trt.runtime.runner import TorchDraftRunner, TorchTargetRunner
 from dflash_trt.trtllm.golden import decode
 from dflash_trt.trtllm.io_spec import TargetOutputs
 from dflash_trt.trtllm.runner import TrtllmTargetRunner, block_input, output_tensor, parse_accept, result_name
+from dflash_trt.trtllm.target_build import engine_lengths
 from dflash_trt.trtllm.target_model_cls import tail_rows_reference
 
 SLOTS, MAX_SEQ = 3, 96
@@ -31,8 +32,9 @@ def _runner(pair, drop_rows=0, sampled=True, tokens_per_block=4):
     settings = {"num_drafts": d.block_size - 1, "vocab_size": pair.target.config.vocab_size,
                 "target_layer_ids": list(d.target_layer_ids), "hidden_size": d.dims.hidden_size, "outputs": outputs}
     registered = [(o["name"], o["gather_context"]) for o in outputs]  # what TrtllmTargetRunner.open registers
+    tokens = engine_lengths(MAX_SEQ, d.block_size, SLOTS)["max_num_tokens"]  # what trtllm-build gets
     emulator = ExecutorEmulator(pair.target, d.target_layer_ids, d.block_size - 1, registered,
-                                {o["name"] for o in outputs}, tokens_per_block, drop_rows=drop_rows)
+                                {o["name"] for o in outputs}, tokens_per_block, tokens, drop_rows=drop_rows)
     return TrtllmTargetRunner(emulator, TLE, settings, SLOTS, device="cpu"), emulator
 
 
