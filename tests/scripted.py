@@ -62,8 +62,10 @@ class ScriptedDraft:
         self._last = (slots.tolist(), block_positions[:, 0].tolist())
         return self.draft(noise_embedding, block_positions, cache, slots, context)
 
-    def draft_block(self, noise_embedding, block_positions, cache, slots, context, lm_head, min_confidence=0.0):
-        """`DFlashDraft.draft_block` as a whole pass, then the scripted proposals."""
+    def draft_block(self, noise_embedding, block_positions, cache, slots, context, lm_head, min_confidence=0.0,
+                    sampling=None):
+        """`DFlashDraft.draft_block` as a whole pass, then the scripted proposals (the script, whatever the
+        requests' sampling: scripted drafts exercise acceptance, not the coupling)."""
         hidden = self(noise_embedding, block_positions, cache, slots, context)
         return self.propose(hidden[:, 1:], lm_head, min_confidence)
 
@@ -73,7 +75,7 @@ class ScriptedDraft:
         return scripted_logits(real.shape, real, self.scripts, slots, [s + first_slot for s in starts],
                                self.corrupt, self.seed, self.sharp)
 
-    def propose(self, hidden, lm_head, min_confidence: float = 0.0):
+    def propose(self, hidden, lm_head, min_confidence: float = 0.0, start=None, sampling=None):
         """`DFlashDraft.propose` over the scripted logits (same chunks and confidence cut)."""
         drafts = confident_drafts(lambda lo, hi: self.logits(hidden[:, lo:hi], lm_head, lo), hidden.shape[1],
                                   min_confidence)

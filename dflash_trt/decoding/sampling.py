@@ -185,8 +185,13 @@ def sample_tokens(
     top_k: torch.Tensor,  # [N] int64
     top_p: torch.Tensor,  # [N] fp32
     seed: torch.Tensor,  # [N] int64 (uint64 bits)
-) -> torch.Tensor:  # [N] int64
-    """Apply the sampling rule row by row; greedy rows (T = 0) take the plain argmax."""
+    vocab_ids: torch.Tensor | None = None,  # [V] int64: the token id of each column (default 0..V-1)
+) -> torch.Tensor:  # [N] int64: column indices (= token ids without vocab_ids)
+    """Apply the sampling rule row by row; greedy rows (T = 0) take the plain argmax.
+
+    `vocab_ids` scores a subset of the vocabulary (the drafter's draft vocabulary): column c stands for
+    token vocab_ids[c], whose noise g(s, p, vocab_ids[c]) it gets, so the choice is the rule's over that
+    subset and agrees with the full-vocabulary rule whenever the full rule's winner is in the subset."""
     logits = canonical_logits(logits)
     tokens = logits.argmax(dim=-1)
     sampled = temperature > 0
@@ -195,7 +200,8 @@ def sample_tokens(
     rows = sampled.nonzero(as_tuple=True)[0]
     scores = logits[rows] / temperature[rows, None]
     keep = survivors(scores, top_k[rows], top_p[rows])
-    vocab = torch.arange(logits.shape[-1], dtype=torch.int64, device=logits.device)
+    vocab = vocab_ids if vocab_ids is not None else torch.arange(logits.shape[-1], dtype=torch.int64,
+                                                                  device=logits.device)
     g = gumbel(seed[rows, None], positions[rows, None], vocab[None, :])
     perturbed = (scores + g).masked_fill(~keep, float("-inf"))
     tokens[rows] = perturbed.argmax(dim=-1)

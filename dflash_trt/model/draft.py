@@ -19,7 +19,14 @@ from torch import nn
 
 from dflash_trt.checkpoint.configs import DraftConfig
 from dflash_trt.model import cpu_layers, cpu_ops
-from dflash_trt.model.draft_heads import CONFIDENCE_FIRST, VocabHead, confident_drafts
+from dflash_trt.model.draft_heads import (
+    CONFIDENCE_FIRST,
+    VocabHead,
+    any_sampled,
+    confident_drafts,
+    confident_prefix,
+    coupled_drafts,
+)
 from dflash_trt.model.kv_cache import KVCache
 from dflash_trt.model.layers import (
     MLP,
@@ -311,11 +318,20 @@ class DFlashDraft(nn.Module):
         """Tokens the head scores when proposing (None: the target's full vocabulary)."""
         return None if self.vocab is None else int(self.vocab[0].numel())
 
-    def propose(self, hidden: torch.Tensor, lm_head: nn.Module, min_confidence: float = 0.0) -> torch.Tensor:
-        """Greedy drafts [B, K' <= K] for block slots 1..K (`hidden` [B, K, H]); see `confident_drafts`.
-        With a draft vocabulary (`use_vocab`) only its tokens are scored."""
+    def propose(self, hidden: torch.Tensor, lm_head: nn.Module, min_confidence: float = 0.0,
+                start: torch.Tensor | None = None, sampling=None) -> torch.Tensor:
+        """Drafts [B, K' <= K] for block slots 1..K (`hidden` [B, K, H]): greedy (`confident_drafts`), or,
+        when some row samples (`sampling` = (T, top_k, top_p, seed) [B], `start` [B] the bonus positions),
+        coupled drafts for all K slots (`coupled_drafts`: the sampling rule on the draft logits with the
+        request's own noise; greedy rows still argmax). With a draft vocabulary (`use_vocab`) only its
+        tokens are scored."""
         vocab = self.vocab
         head = lm_head if vocab is None else vocab[1]
+        if any_sampled(sampling):
+            logits = self.logits(hidden, head)
+            columns = coupled_drafts(logits, start, sampling, None if vocab is None else vocab[0])
+            columns = columns[:, : confident_prefix(logits, columns, sampling[0], min_confidence)]
+            return columns if vocab is None else vocab[0][columns]
         plain = self.config.output_multiplier == 1.0 and not self.config.final_logit_softcapping
         if plain and cpu_ops.head_ready(hidden, head):  # one sequence on CPU: the same in C++
             drafts = cpu_ops.greedy_drafts(hidden[0], head, min_confidence, CONFIDENCE_FIRST)[None]
@@ -326,17 +342,19 @@ class DFlashDraft(nn.Module):
 
     def draft_block(self, noise_embedding: torch.Tensor, block_positions: torch.Tensor, cache: KVCache,
                     slots: torch.Tensor, context: tuple | None, lm_head: nn.Module,
-                    min_confidence: float = 0.0) -> torch.Tensor:
+                    min_confidence: float = 0.0, sampling=None) -> torch.Tensor:
         """Drafts [B, K' <= K] of block slots 1..K: `forward` then `propose`, with the same K/V writes
         and the same drafts. One sequence on the C++ path is one call (`cpu_layers.DraftStep`); with a
         confidence cut its last layer outputs the rows the cut reads: slots 1..CONFIDENCE_FIRST, and
         the rest only when all of those are trusted (a row's output depends on no other row's query,
-        so nothing changes)."""
-        drafts = self._one_call_drafts(noise_embedding, block_positions, cache, slots, context, lm_head, min_confidence)
-        if drafts is not None:
-            return drafts
+        so nothing changes). Sampled rows (`sampling`) get coupled drafts (`propose`)."""
+        if not any_sampled(sampling):
+            drafts = self._one_call_drafts(noise_embedding, block_positions, cache, slots, context, lm_head,
+                                           min_confidence)
+            if drafts is not None:
+                return drafts
         hidden = self(noise_embedding, block_positions, cache, slots, context)
-        return self.propose(hidden[:, 1:], lm_head, min_confidence)
+        return self.propose(hidden[:, 1:], lm_head, min_confidence, block_positions[:, 0], sampling)
 
     def _one_call_drafts(self, noise_embedding, block_positions, cache: KVCache, slots, context, lm_head,
                          min_confidence: float) -> torch.Tensor | None:

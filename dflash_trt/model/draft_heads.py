@@ -1,6 +1,19 @@
-"""What the drafter proposes from its final hidden rows: the draft-vocabulary head and the
-confidence cut (`confident_drafts`), the greedy rule every drafting path shares (the C++ twin is
-`cpu_ops.greedy_drafts`)."""
+"""What the drafter proposes from its final hidden rows: the draft-vocabulary head, the confidence cut
+(`confident_drafts`), the greedy rule every drafting path shares (the C++ twin is `cpu_ops.greedy_drafts`),
+and coupled drafts for sampled requests (`coupled_drafts`).
+
+Coupled drafts. A greedy draft against a sampled target is accepted with probability p_target(draft),
+which collapses on flat distributions. At T > 0 the drafter instead proposes, at each block slot, the
+token the sampling rule (decoding/sampling.py) would pick from the DRAFT's logits with the request's
+own noise at that absolute position:
+
+    d_j = argmax_v  q_j[v] / T + g(seed, start + j, v)      over the draft's top-k / top-p survivors,
+
+the same g the target's verification uses for the token at start + j. Verification is unchanged, so
+the committed tokens stay the target's own (token-identical to AR for the same seed); the drafts match
+whenever the two argmaxes agree, with probability >= (1 - TV(p, q)) / (1 + TV(p, q)) (Daliri et al.,
+"Coupling without communication"; shared/reference/ecosystem-2026-12.md): 1 when q = p.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +21,7 @@ import math
 
 import torch
 
+from dflash_trt.decoding.sampling import sample_tokens
 from dflash_trt.model.layers import linear
 
 
@@ -52,3 +66,33 @@ def confident_drafts(logits_of, k: int, min_confidence: float = 0.0, first: int 
             break
         running, lo = log_p[:, -1], hi
     return torch.cat(chunks, dim=1)[:, :kept]
+
+
+def coupled_drafts(logits: torch.Tensor, start: torch.Tensor, sampling, vocab_ids: torch.Tensor | None = None):
+    """Drafts [B, K] (column indices of `logits`) for block slots 1..K: the sampling rule on the draft logits
+    [B, K, V] with each row's (T, top_k, top_p, seed) at absolute positions start+1 .. start+K (slot j is
+    verified against the target's token at start + j); greedy rows (T = 0) take the argmax."""
+    b, k, v = logits.shape
+    positions = start[:, None] + 1 + torch.arange(k, device=logits.device)[None, :]
+    temperature, top_k, top_p, seed = sampling
+    return sample_tokens(logits.reshape(b * k, v), positions.reshape(-1), temperature.repeat_interleave(k),
+                         top_k.repeat_interleave(k), top_p.repeat_interleave(k), seed.repeat_interleave(k),
+                         vocab_ids).view(b, k)
+
+
+def any_sampled(sampling) -> bool:
+    return sampling is not None and bool((sampling[0] > 0).any())
+
+
+def confident_prefix(logits: torch.Tensor, columns: torch.Tensor, temperature: torch.Tensor,
+                     min_confidence: float) -> int:
+    """K' for drafts `columns` [B, K] of `logits` [B, K, V] under the confidence cut: the slots some row
+    still trusts, each slot's trust being the draft's probability of its token (softmax at the row's
+    temperature; a greedy row's is its max probability, as in `confident_drafts`), multiplied along the
+    block; at least 1."""
+    if min_confidence <= 0.0 or columns.shape[1] <= 1:
+        return columns.shape[1]
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()[:, None, None]
+    log_q = torch.log_softmax(logits.float() / t, dim=-1).gather(-1, columns[..., None])[..., 0]
+    running = log_q.nan_to_num(nan=float("-inf")).cumsum(dim=1)
+    return max(1, int((running >= math.log(min_confidence)).sum(dim=1).max()))

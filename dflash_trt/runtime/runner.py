@@ -43,7 +43,7 @@ class DraftRunner(Protocol):
     block_size: int
 
     def append_context(self, slots, taps, positions, valid): ...
-    def propose(self, slots, bonus, start, block_size=None): ...
+    def propose(self, slots, bonus, start, block_size=None, sampling=None): ...
     def commit(self, slots, lengths): ...
 
 
@@ -100,16 +100,17 @@ class TorchDraftRunner:
 
     @torch.inference_mode()
     def propose(self, slots: torch.Tensor, bonus: torch.Tensor, start: torch.Tensor,
-                block_size: int | None = None) -> torch.Tensor:
+                block_size: int | None = None, sampling=None) -> torch.Tensor:
         """Drafts [B, K' <= block_size - 1] for blocks [bonus, MASK x K] opened at `start` (K may vary
-        per step; K' < K when the drafter is not confident past K', see `min_confidence`)."""
+        per step; K' < K when the drafter is not confident past K', see `min_confidence`). `sampling`
+        (T, top_k, top_p, seed [B]): rows with T > 0 get coupled drafts (model/draft_heads.py)."""
         width = min(block_size or self.block_size, self.block_size)
         context, self.pending = self.draft.take_context(self.pending, self.cache, slots), None
         block = torch.full((slots.numel(), width), self.mask_token_id, dtype=torch.int64, device=self.device)
         block[:, 0] = bonus
         positions = start[:, None] + torch.arange(width, device=self.device)[None, :]
         return self.draft.draft_block(self.target.embed(block), positions, self.cache, slots, context,
-                                      self.target.lm_head, self.min_confidence)
+                                      self.target.lm_head, self.min_confidence, sampling)
 
     def commit(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
         self.cache.crop(slots, lengths)  # lengths only: a pending context stays pending

@@ -262,13 +262,14 @@ class Scheduler:
         start = torch.tensor([s.start for s in seqs], device=self.device)
         t0 = time.perf_counter()
         width = self.verify_width(len(seqs))
+        sampling = self._sampling(seqs)
         if self.draft is not None and width > 1:
-            drafts = self.draft.propose(slots, bonus, start, width)  # [n, K]
+            drafts = self.draft.propose(slots, bonus, start, width, sampling)  # [n, K]; sampled rows: coupled
         else:  # K = 0: a plain autoregressive step (no drafter, or a schedule entry of block 1)
             drafts = torch.zeros(len(seqs), 0, dtype=torch.int64, device=self.device)
         t1 = time.perf_counter()
         blocks = torch.cat([bonus[:, None], drafts], dim=1)
-        tokens, accepted, taps = self.target.verify(slots, blocks, start, self._sampling(seqs))
+        tokens, accepted, taps = self.target.verify(slots, blocks, start, sampling)
         t2 = time.perf_counter()
         if self.adaptive is not None and drafts.shape[1]:
             self.adaptive.update(accepted.tolist(), drafts.shape[1])

@@ -54,8 +54,10 @@ class GraphDraftRunner:
         self.v[:, rows, :, pos] = out["context_v"].to(self.device, self.dtype).permute(1, 0, 2, 3)
 
     @torch.inference_mode()
-    def propose(self, slots, bonus, start, block_size: int | None = None) -> torch.Tensor:
-        """drafts [B, Q-1] (int64) for blocks [bonus, MASK x (Q-1)] at positions start..start+Q-1."""
+    def propose(self, slots, bonus, start, block_size: int | None = None, sampling=None) -> torch.Tensor:
+        """drafts [B, Q-1] (int64) for blocks [bonus, MASK x (Q-1)] at positions start..start+Q-1.
+        The graphs end in an argmax: sampled rows get greedy drafts here (lossless, fewer accepted than
+        the torch runner's coupled drafts); `sampling` is accepted for the runner contract."""
         width = min(block_size or self.block_size, self.block_size)
         slots = slots.to(self.device)
         lengths = self.lengths[slots]  # [B]
