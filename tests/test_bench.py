@@ -38,6 +38,22 @@ def test_local_bench_writes_schema_and_histogram(tiny_pair, tmp_path):
     _png_ok(tmp_path / "out" / "acceptance_histogram.png")
 
 
+def test_local_bench_takes_a_temperature_list_and_plots_tau_against_it(tiny_pair, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"token_ids": [i + 1, i + 2, i + 3]}) + "\n" for i in range(2)))
+    result = CliRunner().invoke(cli, ["bench", "--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1]),
+                                      "--prompts", str(prompts), "--block-sizes", "4", "--max-new-tokens", "8",
+                                      "--temperature", "0,0.7,1.5", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [r["temperature"] for r in data["results"]] == [0.0, 0.7, 1.5]
+    assert all(r["identical"] for r in data["results"])  # tokens equal AR's at every temperature
+    assert data["sampling"]["temperatures"] == [0.0, 0.7, 1.5]
+    _png_ok(tmp_path / "out" / "tau_vs_temperature.png")
+    bad = CliRunner().invoke(cli, ["bench", "--temperature", "0,-1"])
+    assert bad.exit_code == 2 and "numbers >= 0" in bad.output
+
+
 def test_pareto_and_histogram_plots_render(tmp_path):
     points = [ServedPoint(model, c, 8, 2.0 / c ** 0.5, 400, 0.05 * c, 0.08 * c, 0.01 * c, 100.0 / c ** 0.3, 3.0,
                           [1, 2, 3, 4, 4, 5] * c)

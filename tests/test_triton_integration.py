@@ -207,11 +207,13 @@ def test_served_bench_sweeps_both_models_and_writes_schema_and_plots(served, tmp
     server, _, _ = served
     out = tmp_path / "bench"
     result = CliRunner().invoke(cli, ["bench", "--url", server.grpc_url, "--concurrency", "1,2", "--num-prompts", "4",
-                                      "--max-new-tokens", "16", "--out", str(out)])
+                                      "--max-new-tokens", "16", "--temperature", "0,1", "--out", str(out)])
     assert result.exit_code == 0, result.output
+    assert "T 1, concurrency 2: DFlash / autoregressive throughput" in result.output
     data = json.loads((out / "results.json").read_text())
     assert data["mode"] == "served" and data["schema_version"] == 1
-    points = {(p["model"], p["concurrency"]): p for p in data["points"]}
+    assert {p["temperature"] for p in data["points"]} == {0.0, 1.0}
+    points = {(p["model"], p["concurrency"]): p for p in data["points"] if p["temperature"] == 0}
     assert set(points) == {(m, c) for m in ("dflash", "dflash_ar") for c in (1, 2)}
     for (model, _), p in points.items():
         assert p["requests"] == 4 and p["output_tokens"] == 4 * 16 and p["output_tokens_per_s"] > 0

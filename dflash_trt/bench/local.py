@@ -33,6 +33,7 @@ class BlockResult:
     acceptance_histogram: dict[int, int]
     identical: bool
     acceptance_lengths: list[int] = field(default_factory=list, repr=False)
+    temperature: float = 0.0
 
     @property
     def spec_tokens_per_s(self) -> float:
@@ -104,7 +105,7 @@ def bench_block_size(pair, prompts: list[list[int]], block_size: int, max_new_to
         mean_acceptance_length=sum(lengths) / len(lengths),
         per_position_acceptance=[sum(a >= i for a in accepted) / len(accepted) for i in range(1, k + 1)],
         acceptance_histogram={n: lengths.count(n) for n in range(1, block_size + 1)},
-        identical=identical, acceptance_lengths=lengths,
+        identical=identical, acceptance_lengths=lengths, temperature=params.temperature,
     )
 
 

@@ -15,12 +15,12 @@ def say(message: str) -> None:
 def print_local(results, caption: str | None = None) -> None:
     table = Table(title="DFlash vs autoregressive (local torch runtime, batch 1, same prompts, one run)",
                   caption=caption)
-    for column in ("block", "prompts", "tokens", "τ", "DFlash tok/s", "AR tok/s", "speed-up", "identical",
+    for column in ("T", "block", "prompts", "tokens", "τ", "DFlash tok/s", "AR tok/s", "speed-up", "identical",
                    "acceptance by draft position"):
         table.add_column(column, justify="right")
     for r in results:
         rates = " ".join(f"{p:.2f}" for p in r.per_position_acceptance[:8]) + (" …" if r.block_size > 9 else "")
-        table.add_row(str(r.block_size), str(r.prompts), str(r.generated_tokens), f"{r.mean_acceptance_length:.2f}",
+        table.add_row(f"{r.temperature:g}", str(r.block_size), str(r.prompts), str(r.generated_tokens), f"{r.mean_acceptance_length:.2f}",
                       f"{r.spec_tokens_per_s:.1f}", f"{r.ar_tokens_per_s:.1f}", f"{r.speedup:.2f}x",
                       "yes" if r.identical else "NO", rates)
     _console.print(table)
@@ -39,20 +39,21 @@ def print_reference(comparisons) -> None:
 
 def print_served(points, ratios: dict[int, float]) -> None:
     table = Table(title="served: DFlash (dflash) vs autoregressive (dflash_ar), gRPC streaming, one run")
-    for column in ("model", "concurrency", "requests", "output tok/s", "per-user tok/s", "TTFT ms", "TTFT p90 ms",
+    for column in ("model", "T", "concurrency", "requests", "output tok/s", "per-user tok/s", "TTFT ms", "TTFT p90 ms",
                    "TPOT ms", "τ", "acceptance by draft position"):
         table.add_column(column, justify="right")
     for p in points:
         rates = p.per_position_acceptance if p.model == "dflash" else []
-        table.add_row(p.model, str(p.concurrency), str(p.requests), f"{p.output_tokens_per_s:.1f}",
+        table.add_row(p.model, f"{p.temperature:g}", str(p.concurrency), str(p.requests), f"{p.output_tokens_per_s:.1f}",
                       f"{p.per_user_tokens_per_s:.1f}", f"{p.ttft_mean_s * 1e3:.0f}", f"{p.ttft_p90_s * 1e3:.0f}",
                       f"{p.tpot_mean_s * 1e3:.1f}", f"{p.mean_acceptance_length:.2f}" if p.model == "dflash" else "-",
                       " ".join(f"{r:.2f}" for r in rates[:6]) + (" …" if len(rates) > 6 else "") or "-")
     _console.print(table)
-    by = {(p.model, p.concurrency): p for p in points}
-    for c in sorted({p.concurrency for p in points}):
-        if ("dflash", c) in by and ("dflash_ar", c) in by:
-            ratio = by["dflash", c].output_tokens_per_s / by["dflash_ar", c].output_tokens_per_s
-            _console.print(f"concurrency {c}: DFlash / autoregressive throughput = {ratio:.2f}x")
+    by = {(p.model, p.concurrency, p.temperature): p for p in points}
+    for t in sorted({p.temperature for p in points}):
+        for c in sorted({p.concurrency for p in points}):
+            if ("dflash", c, t) in by and ("dflash_ar", c, t) in by:
+                ratio = by["dflash", c, t].output_tokens_per_s / by["dflash_ar", c, t].output_tokens_per_s
+                _console.print(f"T {t:g}, concurrency {c}: DFlash / autoregressive throughput = {ratio:.2f}x")
     for c, r in ratios.items():
         _console.print(f"DFlash throughput at concurrency {c} = {r:.2f}x concurrency 1")

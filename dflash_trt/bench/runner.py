@@ -44,12 +44,14 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
     with torch.inference_mode():
         warm_up(pair, prompts[0], max(block_sizes))
     results = []
+    temperatures = sampling.get("temperatures") or [sampling.get("temperature", 0.0)]
     with Progress(transient=True) as progress:
-        for block_size in block_sizes:
-            task = progress.add_task(f"block size {block_size}", total=len(prompts))
-            params = SamplingParams(sampling["temperature"], seed=sampling["seed"])
-            results.append(bench_block_size(pair, prompts, block_size, max_new_tokens, params, stop_ids,
-                                            lambda: progress.advance(task), adaptive_cost, min_confidence))
+        for temperature in temperatures:
+            for block_size in block_sizes:
+                task = progress.add_task(f"T {temperature:g}, block size {block_size}", total=len(prompts))
+                params = SamplingParams(temperature, seed=sampling["seed"])
+                results.append(bench_block_size(pair, prompts, block_size, max_new_tokens, params, stop_ids,
+                                                lambda: progress.advance(task), adaptive_cost, min_confidence))
     vocab = pair.draft.vocab_size
     report.print_local(results, f"drafter proposes from {vocab or pair.target.config.vocab_size} tokens"
                                 f"{' (draft vocabulary)' if vocab else ''}; draft confidence cut "
@@ -63,9 +65,12 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
                                   sampling=sampling, adaptive_width_cost=adaptive_cost, draft_confidence=min_confidence,
                                   draft_vocab_size=pair.draft.vocab_size,
                                   results=[r.to_dict() for r in results], **extra))
-    plots.acceptance_histogram({f"block {r.block_size}": r.acceptance_lengths for r in results},
-                               max(block_sizes), out / "acceptance_histogram.png")
-    report.say(f"wrote {out / 'results.json'} and {out / 'acceptance_histogram.png'}")
+    plots.acceptance_histogram({f"block {r.block_size}" + (f" T {r.temperature:g}" if len(temperatures) > 1 else ""):
+                                r.acceptance_lengths for r in results}, max(block_sizes), out / "acceptance_histogram.png")
+    written = [out / "results.json", out / "acceptance_histogram.png"]
+    if len(temperatures) > 1:
+        written.append(plots.temperature_plot(results, out / "tau_vs_temperature.png"))
+    report.say("wrote " + ", ".join(str(w) for w in written))
     return results
 
 
@@ -99,7 +104,7 @@ def run_served(url, prompts_path, num_prompts, levels, max_new_tokens, sampling,
     report.print_served(points, ratios)
     out = _write(out_dir, _header("served", url=url, max_new_tokens=max_new_tokens, sampling=sampling,
                                   points=[p.to_dict() for p in points], dflash_scaling_vs_c1=ratios))
-    plots.pareto_plot(points, out / "pareto.png")
+    plots.pareto_plot([p for p in points if p.temperature == points[0].temperature], out / "pareto.png")
     block = max((max(p.acceptance_lengths, default=1) for p in points), default=1)
     plots.acceptance_histogram({f"dflash c={p.concurrency}": p.acceptance_lengths for p in points
                                 if p.model == "dflash"}, block, out / "acceptance_histogram.png")

@@ -28,6 +28,7 @@ class ServedPoint:
     per_user_tokens_per_s: float  # mean over requests of tokens / request time
     mean_acceptance_length: float
     acceptance_lengths: list[int] = field(default_factory=list, repr=False)
+    temperature: float = 0.0
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -46,7 +47,8 @@ class ServedPoint:
                     "per_position_acceptance": self.per_position_acceptance}
 
 
-def _point(model: str, concurrency: int, results: list[ServedResult], wall: float) -> ServedPoint:
+def _point(model: str, concurrency: int, results: list[ServedResult], wall: float,
+           temperature: float = 0.0) -> ServedPoint:
     ttfts = sorted(r.ttft_s for r in results)
     tpots = [(r.total_s - r.ttft_s) / (len(r.token_ids) - 1) for r in results if len(r.token_ids) > 1]
     lengths = [n for r in results for n in r.acceptance_lengths]
@@ -57,7 +59,7 @@ def _point(model: str, concurrency: int, results: list[ServedResult], wall: floa
         tpot_mean_s=statistics.fmean(tpots) if tpots else 0.0,
         per_user_tokens_per_s=statistics.fmean(len(r.token_ids) / r.total_s for r in results),
         mean_acceptance_length=sum(lengths) / len(lengths) if lengths else 0.0,
-        acceptance_lengths=lengths,
+        acceptance_lengths=lengths, temperature=temperature,
     )
 
 
@@ -78,22 +80,28 @@ def run_point(url: str, model: str, prompts: list, concurrency: int, max_new_tok
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(one, enumerate(prompts)))
-    return _point(model, concurrency, results, time.perf_counter() - t0)
+    return _point(model, concurrency, results, time.perf_counter() - t0, sampling.get("temperature", 0.0))
 
 
 def sweep(url: str, prompts: list, levels: list[int], max_new_tokens: int, sampling: dict,
           models: tuple[str, ...] = ("dflash", "dflash_ar"), progress_factory=None) -> list[ServedPoint]:
+    """Every (temperature, concurrency, model) point; `sampling["temperatures"]` (or one "temperature")."""
     points = []
-    for concurrency in levels:
-        batch = (prompts * (1 + (2 * concurrency) // max(1, len(prompts))))[: max(len(prompts), 2 * concurrency)]
-        for model in models:
-            tick = progress_factory(f"{model} c={concurrency}", len(batch)) if progress_factory else None
-            points.append(run_point(url, model, batch, concurrency, max_new_tokens, sampling, tick))
+    temperatures = sampling.get("temperatures") or [sampling.get("temperature", 0.0)]
+    for temperature in temperatures:
+        one = {"seed": sampling.get("seed", 0), "temperature": temperature}
+        for concurrency in levels:
+            batch = (prompts * (1 + (2 * concurrency) // max(1, len(prompts))))[: max(len(prompts), 2 * concurrency)]
+            for model in models:
+                name = f"{model} c={concurrency}" + (f" T={temperature:g}" if len(temperatures) > 1 else "")
+                tick = progress_factory(name, len(batch)) if progress_factory else None
+                points.append(run_point(url, model, batch, concurrency, max_new_tokens, one, tick))
     return points
 
 
 def scaling(points: list[ServedPoint], model: str = "dflash") -> dict[int, float]:
-    """Total output tokens/s at each concurrency relative to concurrency 1."""
-    mine = {p.concurrency: p.output_tokens_per_s for p in points if p.model == model}
+    """Total output tokens/s at each concurrency relative to concurrency 1 (at the first temperature)."""
+    first = points[0].temperature if points else 0.0
+    mine = {p.concurrency: p.output_tokens_per_s for p in points if p.model == model and p.temperature == first}
     base = mine.get(1)
     return {c: v / base for c, v in sorted(mine.items())} if base else {}

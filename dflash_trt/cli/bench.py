@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from dflash_trt.cli.types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, INT_LIST
+from dflash_trt.cli.types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, FLOAT_LIST, INT_LIST
 
 
 @click.command("bench", short_help="Benchmark DFlash against autoregressive decoding (local or served).")
@@ -19,7 +19,8 @@ from dflash_trt.cli.types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, INT_LIST
 @click.option("--block-sizes", type=INT_LIST, default="8,16", show_default=True, help="Local mode.")
 @click.option("--concurrency", type=INT_LIST, default="1,2,4,8", show_default=True, help="Served mode sweep.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--temperature", "temperatures", type=FLOAT_LIST, default="0", show_default=True,
+              help="One or more temperatures (comma list): each is run in full, τ and speed-up per temperature.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="Local mode.")
 @click.option("--threads", type=click.IntRange(min=1), help="Local mode: CPU intra-op threads (DFLASH_TRT_CPU_THREADS).")
@@ -35,7 +36,7 @@ from dflash_trt.cli.types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, INT_LIST
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
               help="Folder for results.json and the PNG plots.")
 def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, concurrency, max_new_tokens,
-                  temperature, seed, device, threads, adaptive_cost, draft_confidence, draft_vocab, reference, out_dir):
+                  temperatures, seed, device, threads, adaptive_cost, draft_confidence, draft_vocab, reference, out_dir):
     """Same prompts, both ways, in one run: τ, per-position acceptance, tokens/s, TTFT/TPOT, speed-up.
 
     Local: batch-1 decoding on the torch runtime for each block size. Served (--url): a concurrency
@@ -47,11 +48,11 @@ def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, co
 
     if threads:
         os.environ["DFLASH_TRT_CPU_THREADS"] = str(threads)
-    sampling = {"temperature": temperature, "seed": seed}
+    sampling = {"temperatures": temperatures, "seed": seed}
     if reference:
         from dflash_trt.bench.reference import require_reference
 
-        if url or temperature > 0:
+        if url or max(temperatures) > 0:
             raise click.BadParameter("compares local greedy decoding: drop --url and --temperature",
                                      param_hint="--reference")
         require_reference()

@@ -25,6 +25,26 @@ class IntListType(click.ParamType):
 INT_LIST = IntListType()
 
 
+class FloatListType(click.ParamType):
+    """Comma-separated non-negative numbers, e.g. `--temperature 0,0.7,1.0`."""
+
+    name = "X,X,..."
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (list, tuple)):
+            return [float(v) for v in value]
+        try:
+            items = [float(v) for v in str(value).split(",") if v.strip()]
+        except ValueError:
+            self.fail(f"expected comma-separated numbers, got {value!r}", param, ctx)
+        if not items or any(not v >= 0 for v in items):
+            self.fail(f"expected numbers >= 0, got {value!r}", param, ctx)
+        return items
+
+
+FLOAT_LIST = FloatListType()
+
+
 class DraftVocabType(click.ParamType):
     """`auto` (the drafter's recommended draft vocabulary, if it has one), `full`, or a token count."""
 

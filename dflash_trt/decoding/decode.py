@@ -82,11 +82,12 @@ def speculative_generate(
         block_start = start[active]  # [n] position of each bonus token
         block_positions = block_start[:, None] + offsets  # [n, W]
 
-        # 2) draft: [bonus, MASK x K] through the drafter in one pass; greedy proposals always
+        # 2) draft: [bonus, MASK x K] through the drafter in one pass; greedy proposals, coupled ones for
+        #    sampled rows (the sampling rule on the draft's logits with the row's noise, model/draft_heads.py)
         block = torch.full((active.numel(), step_width), mask_token_id, dtype=torch.int64, device=device)
         block[:, 0] = bonus[active]
         drafts = draft.draft_block(target.embed(block), block_positions, draft_cache, active, context,
-                                   target.lm_head, min_confidence)  # [n, K' <= K]
+                                   target.lm_head, min_confidence, row_params)  # [n, K' <= K]
         block = block[:, : drafts.shape[1] + 1]
         block[:, 1:] = drafts
         block_positions = block_positions[:, : block.shape[1]]
