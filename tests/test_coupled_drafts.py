@@ -50,9 +50,11 @@ def test_the_confidence_cut_reads_each_row_at_its_temperature():
     logits[1, 2:] = 0.0
     columns = torch.tensor([[0, 0, 0, 0], [1, 1, 3, 2]])
     temperature = torch.tensor([0.0, 1.0])
-    assert confident_prefix(logits, columns, temperature, 0.5) == 4  # row 0 trusts all four
-    assert confident_prefix(logits[1:], columns[1:], temperature[1:], 0.5) == 2
-    assert confident_prefix(logits, columns, temperature, 0.0) == 4
+    assert confident_prefix(logits, columns, temperature, 0.5)[0] == 4  # row 0 trusts all four
+    assert confident_prefix(logits[1:], columns[1:], temperature[1:], 0.5)[0] == 2
+    assert confident_prefix(logits, columns, temperature, 0.0)[0] == 4
+    kept, running = confident_prefix(logits[1:, :2], columns[1:, :2], temperature[1:], 0.5)
+    assert kept == 2 and confident_prefix(logits[1:, 2:], columns[1:, 2:], temperature[1:], 0.5, running)[0] == 0
 
 
 @pytest.fixture(scope="module")

@@ -106,3 +106,30 @@ def test_uniform_hash_is_balanced_and_seed_uses_all_64_bits():
 def test_sampling_params_reject_out_of_range(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+def test_the_pruned_gumbel_argmax_equals_drawing_noise_for_every_token():
+    """perturbed_argmax draws g only where a token can still win; it must pick what the full draw picks."""
+    from dflash_trt.decoding.sampling import GUMBEL_MAX, gumbel, perturbed_argmax, survivors
+
+    g = torch.Generator().manual_seed(5)
+    n, v = 400, 257
+    scales = torch.tensor([0.01, 0.3, 1.0, 4.0, 30.0]).repeat(n // 5)[:, None]
+    scores = torch.randn(n, v, generator=g) * scales
+    scores[::7, ::3] = float("-inf")
+    scores[3, :] = float("-inf")  # nothing survives: token 0
+    scores[5, 17] = scores[5, 40] = float("inf")  # +inf: the lowest such id
+    scores[9] = 0.0  # exactly flat
+    top_k = torch.randint(0, 20, (n,), generator=g) * (torch.rand(n, generator=g) < 0.3)
+    top_p = torch.where(torch.rand(n, generator=g) < 0.3, torch.rand(n, generator=g), torch.ones(n))
+    keep = survivors(scores, top_k, top_p)
+    seed = torch.randint(-2**62, 2**62, (n,), generator=g)
+    positions = torch.randint(0, 10_000, (n,), generator=g)
+    vocab = torch.randperm(50_000, generator=g)[:v]  # a draft vocabulary's own ids
+    full = (scores + gumbel(seed[:, None], positions[:, None], vocab[None, :])).masked_fill(~keep, float("-inf"))
+    assert torch.equal(perturbed_argmax(scores, keep, seed, positions, vocab), full.argmax(dim=-1))
+    assert 16.6 < GUMBEL_MAX < 16.7
+    u = torch.tensor([((1 << 23) - 0.5) / 8388608.0, 0.5 / 8388608.0])
+    from dflash_trt.decoding.sampling import log_f32
+
+    assert float((-log_f32(-log_f32(u))).max()) < GUMBEL_MAX  # no hash value gives a larger g

@@ -51,3 +51,71 @@ def test_adaptive_width_is_lossless_in_the_scheduler(loaded_tiny_pair):
         assert svc.scheduler.adaptive.steps > 0
     finally:
         svc.shutdown()
+
+
+# --- measured widths (MeasuredWidth): committed tokens and step seconds, arm by arm --------------------
+
+def _simulate(mw, bands, tokens, seconds, steps=400, first_slow=None):
+    """Run `steps` steps of a batch in `bands` against a machine: `tokens(band, w)` committed per row,
+    `seconds(batch, w)` per step (`first_slow`: that arm's first step takes 3x); the widths chosen."""
+    chosen = []
+    for step in range(steps):
+        w = mw.width(bands)
+        t = seconds(len(bands), w) * (3 if w == first_slow and w not in chosen else 1)
+        chosen.append(w)
+        mw.update(bands, [tokens(b, w) - 1 for b in bands], w, t)  # expected accepted drafts
+    return chosen
+
+
+def _cpu_seconds(batch, w):  # every verified row costs on a small CPU; a draft pass is ~ a third of a step
+    return 0.004 + 0.00015 * batch * w + (0.0015 if w > 1 else 0.0)
+
+
+def _tokens(band, w):  # acceptance decays along the block; hot sampling accepts ~nothing
+    rate = {0: 0.75, 3: 0.05}[band]
+    return sum(rate ** i for i in range(w))
+
+
+def test_measured_width_keeps_the_best_arm_and_never_one_slower_than_ar():
+    from dflash_trt.decoding.width import MeasuredWidth, temperature_band
+
+    assert [temperature_band(t) for t in (0.0, 0.3, 0.5, 0.7, 1.0, 1.5)] == [0, 1, 1, 2, 2, 3]
+    assert MeasuredWidth(16).arms == [1, 2, 4, 8, 16] and MeasuredWidth(6).arms == [1, 2, 4, 6]
+
+    def best(bands, seconds=_cpu_seconds):
+        return max((1, 2, 4, 8, 16), key=lambda w: sum(_tokens(b, w) for b in bands) / seconds(len(bands), w))
+
+    for bands in ([0], [0] * 8, [3], [3] * 4, [0, 3]):
+        chosen = _simulate(MeasuredWidth(16), bands, _tokens, _cpu_seconds)
+        tail = chosen[100:]
+        assert max(set(tail), key=tail.count) == best(bands), (bands, best(bands))
+    assert best([3]) == 1 and best([0] * 8) < best([0])  # hot sampling: AR steps; a busy CPU: narrower
+    gpu = lambda batch, w: 0.010 + 1e-6 * batch * w  # noqa: E731  rows nearly free: the full block
+    assert max(set(c := _simulate(MeasuredWidth(16), [0], _tokens, gpu)[100:]), key=c.count) == 16
+    stranded = _simulate(MeasuredWidth(16), [0], _tokens, gpu, steps=1500, first_slow=16)  # a slow first sample fades
+    assert stranded[-50:].count(16) > 40
+
+
+def test_measured_width_is_lossless_in_the_scheduler_at_every_temperature(loaded_tiny_pair):
+    svc = DFlashService(loaded_tiny_pair, ServiceLimits(max_batch_size=3, max_seq_len=128, block_size=8,
+                                                        width_policy="measured"))
+    try:
+        requests = _requests(0.0, n=3, seed=45) + _requests(0.9, n=3, seed=46) + _requests(1.5, n=2, seed=47)
+        got = svc.generate(requests)
+        assert [g.tokens for g in got] == [e.tokens for e in autoregressive_generate(loaded_tiny_pair.target, requests)]
+        measured = svc.scheduler.measured
+        assert measured.steps > 0 and measured.seconds and measured.tokens
+    finally:
+        svc.shutdown()
+
+
+def test_measured_width_is_lossless_in_the_reference_loop_with_ar_steps(loaded_tiny_pair):
+    """AR steps (width 1) keep the committed context pending and store it with the next draft pass."""
+    from dflash_trt.decoding.width import MeasuredWidth
+
+    requests = _requests(0.0, n=2, seed=51) + _requests(1.2, n=2, seed=52)
+    expected = [e.tokens for e in autoregressive_generate(loaded_tiny_pair.target, requests)]
+    width = MeasuredWidth(8, explore_every=3)
+    got = speculative_generate(loaded_tiny_pair.target, loaded_tiny_pair.draft, requests, 8, width=width)
+    assert [g.tokens for g in got] == expected
+    assert any(w == 1 for (_, w) in width.seconds) and any(w > 1 for (_, w) in width.seconds)

@@ -18,7 +18,7 @@ from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.decoding.decode import speculative_generate
 from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.decoding.sampling import SamplingParams
-from dflash_trt.decoding.width import AdaptiveWidth
+from dflash_trt.decoding.width import AdaptiveWidth, MeasuredWidth
 
 
 @dataclass
@@ -80,10 +80,14 @@ def _timed(fn):
 @torch.inference_mode()
 def bench_block_size(pair, prompts: list[list[int]], block_size: int, max_new_tokens: int,
                      params: SamplingParams, stop_ids: frozenset[int], progress=None,
-                     adaptive_cost: float | None = None, min_confidence: float = 0.0) -> BlockResult:
+                     adaptive_cost: float | None = None, min_confidence: float = 0.0,
+                     width_policy: str = "fixed") -> BlockResult:
     """Decode every prompt both ways; with `adaptive_cost` DFlash picks verify widths from acceptance,
-    with `min_confidence` it verifies only the drafts the drafter trusts (`confident_drafts`)."""
+    with `width_policy` "measured" from acceptance and measured pass costs (MeasuredWidth, down to AR
+    steps), with `min_confidence` it verifies only the drafts the drafter trusts (`confident_drafts`)."""
     width = AdaptiveWidth(block_size, adaptive_cost) if adaptive_cost is not None else None
+    if width_policy == "measured":
+        width = MeasuredWidth(block_size)
     spec_s = ar_s = 0.0
     tokens, identical, lengths, accepted = 0, True, [], []
     for prompt in prompts:

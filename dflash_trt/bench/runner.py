@@ -34,7 +34,7 @@ def _write(out_dir: str, payload: dict) -> Path:
 
 
 def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tokens, sampling, device, out_dir,
-              adaptive_cost=None, reference=False, min_confidence=0.0, draft_vocab=None):
+              adaptive_cost=None, reference=False, min_confidence=0.0, draft_vocab=None, width_policy="fixed"):
     from rich.progress import Progress
 
     pair = load_pair(resolve_model_path(target, Path.cwd()), resolve_model_path(draft, Path.cwd()), "fp32", device)
@@ -51,11 +51,12 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
                 task = progress.add_task(f"T {temperature:g}, block size {block_size}", total=len(prompts))
                 params = SamplingParams(temperature, seed=sampling["seed"])
                 results.append(bench_block_size(pair, prompts, block_size, max_new_tokens, params, stop_ids,
-                                                lambda: progress.advance(task), adaptive_cost, min_confidence))
+                                                lambda: progress.advance(task), adaptive_cost, min_confidence,
+                                                width_policy))
     vocab = pair.draft.vocab_size
     report.print_local(results, f"drafter proposes from {vocab or pair.target.config.vocab_size} tokens"
                                 f"{' (draft vocabulary)' if vocab else ''}; draft confidence cut "
-                                f"{min_confidence or 'off (full blocks)'}")
+                                f"{min_confidence or 'off (full blocks)'}; verify widths {width_policy}")
     extra = {}
     if reference:
         comparisons = _compare_reference(pair, prompts, block_sizes, max_new_tokens, adaptive_cost, min_confidence)
@@ -63,6 +64,7 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
         extra["reference"] = [c.to_dict() for c in comparisons]
     out = _write(out_dir, _header("local", target=str(target), draft=str(draft), max_new_tokens=max_new_tokens,
                                   sampling=sampling, adaptive_width_cost=adaptive_cost, draft_confidence=min_confidence,
+                                  width_policy=width_policy,
                                   draft_vocab_size=pair.draft.vocab_size,
                                   results=[r.to_dict() for r in results], **extra))
     plots.acceptance_histogram({f"block {r.block_size}" + (f" T {r.temperature:g}" if len(temperatures) > 1 else ""):

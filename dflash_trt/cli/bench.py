@@ -30,13 +30,17 @@ from dflash_trt.cli.types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, FLOAT_LIST, INT_
               help="Local mode: verify only the drafts whose running draft probability is >= this "
                    "(runtime.draft_confidence; 0 = full blocks). Default: 0.1 on CPU (extra verified rows "
                    "cost there), 0 on GPUs.")
+@click.option("--width-policy", type=click.Choice(["fixed", "measured"]), default="fixed", show_default=True,
+              help="Local mode: 'measured' picks each step's verify width from measured acceptance (per temperature "
+                   "band) and pass costs, down to plain AR steps (runtime.width_policy: measured).")
 @click.option("--draft-vocab", type=DRAFT_VOCAB, default="auto", show_default=True, help="Local mode. " + DRAFT_VOCAB_HELP)
 @click.option("--reference", is_flag=True, help="Local mode: also race z-lab's dflash_generate (dflash==0.1.0) on "
               "the same prompts, alternating, and check its tokens are identical (greedy only).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
               help="Folder for results.json and the PNG plots.")
 def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, concurrency, max_new_tokens,
-                  temperatures, seed, device, threads, adaptive_cost, draft_confidence, draft_vocab, reference, out_dir):
+                  temperatures, seed, device, threads, adaptive_cost, width_policy, draft_vocab, draft_confidence, reference,
+                  out_dir):
     """Same prompts, both ways, in one run: τ, per-position acceptance, tokens/s, TTFT/TPOT, speed-up.
 
     Local: batch-1 decoding on the torch runtime for each block size. Served (--url): a concurrency
@@ -65,4 +69,4 @@ def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, co
         runner.run_served(url, prompts_path, num_prompts, concurrency, max_new_tokens, sampling, out_dir)
     else:
         runner.run_local(target, draft, prompts_path, num_prompts or 16, block_sizes, max_new_tokens, sampling, device,
-                         out_dir, adaptive_cost, reference, draft_confidence, draft_vocab)
+                         out_dir, adaptive_cost, reference, draft_confidence, draft_vocab, width_policy)

@@ -14,8 +14,9 @@ import torch
 
 from dflash_trt.decoding.batch import BatchParams, cache_capacity, prefill
 from dflash_trt.decoding.requests import Detokenize, GenerationResult, OnCommit, Request, Row
+from dflash_trt.decoding.sampling import sample_tokens
 from dflash_trt.decoding.verify import verify_block, verify_lazily
-from dflash_trt.decoding.width import AdaptiveWidth
+from dflash_trt.decoding.width import AdaptiveWidth, MeasuredWidth, temperature_band
 from dflash_trt.model import cpu_layers
 from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.model.target import Target
@@ -28,6 +29,12 @@ class DecodeTimings:
     steps: int = 0
 
 
+def merge_context(older: tuple, newer: tuple) -> tuple:
+    """Two deferred contexts (slots, target_hidden [B, T, n*H], positions [B, T], valid [B, T]) of the same
+    slots as one, in position order: a draft pass stores both in one projection per layer."""
+    return (newer[0], *(torch.cat([a, b], dim=1) for a, b in zip(older[1:], newer[1:])))
+
+
 @torch.inference_mode()
 @cpu_layers.fixed_weights
 def speculative_generate(
@@ -38,12 +45,13 @@ def speculative_generate(
     detokenize: Detokenize | None = None,
     on_commit: OnCommit | None = None,
     timings: DecodeTimings | None = None,
-    width: AdaptiveWidth | None = None,
+    width: AdaptiveWidth | MeasuredWidth | None = None,
     min_confidence: float = 0.0,
 ) -> list[GenerationResult]:
     """DFlash-decode a batch of requests; one result per request (tokens == AR decoding).
 
-    `width` (optional) picks each step's verify width from measured acceptance (decoding/width.py);
+    `width` (optional) picks each step's verify width from measured acceptance (decoding/width.py;
+    a MeasuredWidth also from the passes' measured seconds, down to plain AR steps of width 1);
     `min_confidence` > 0 verifies only the drafts the drafter trusts (`DFlashDraft.propose`).
     """
     block_size = block_size or draft.config.block_size
@@ -71,30 +79,45 @@ def speculative_generate(
 
     t0 = time.perf_counter()
     pending = None  # last step's committed context: stored by this step's draft pass (see take_context)
-    active_ids = None
+    active_ids = bands_of = bands = None
     while not all(row.done for row in rows):
         if (ids := [r.index for r in rows if not r.done]) != active_ids:  # a row finished (or the first step)
             active_ids, active = ids, torch.tensor(ids, device=device)
             row_params = params.rows(active)
-        context = draft.take_context(pending, draft_cache, active)
-        step_width = min(width.width(), block_size) if width is not None else block_size
+        if bands_of != active_ids:
+            bands_of, bands = active_ids, [temperature_band(requests[i].params.temperature) for i in active_ids]
+        if isinstance(width, MeasuredWidth):
+            step_width = min(width.width(bands), block_size)
+        else:
+            step_width = min(width.width(), block_size) if width is not None else block_size
+        # an AR step (width 1) keeps the committed context pending: the next draft pass stores it all at once
+        keep_pending = step_width == 1 and pending is not None and torch.equal(pending[0], active)
+        context = None if keep_pending else draft.take_context(pending, draft_cache, active)
         offsets = torch.arange(step_width, device=device)[None, :]  # [1, W]
         block_start = start[active]  # [n] position of each bonus token
         block_positions = block_start[:, None] + offsets  # [n, W]
 
         # 2) draft: [bonus, MASK x K] through the drafter in one pass; greedy proposals, coupled ones for
         #    sampled rows (the sampling rule on the draft's logits with the row's noise, model/draft_heads.py)
+        t_draft = time.perf_counter()
         block = torch.full((active.numel(), step_width), mask_token_id, dtype=torch.int64, device=device)
         block[:, 0] = bonus[active]
-        drafts = draft.draft_block(target.embed(block), block_positions, draft_cache, active, context,
-                                   target.lm_head, min_confidence, row_params)  # [n, K' <= K]
+        if step_width > 1:
+            drafts = draft.draft_block(target.embed(block), block_positions, draft_cache, active, context,
+                                       target.lm_head, min_confidence, row_params)  # [n, K' <= K]
+        else:  # a plain AR step: no draft pass (its context waits in `pending`, merged below)
+            drafts = torch.zeros(active.numel(), 0, dtype=torch.int64, device=device)
         block = block[:, : drafts.shape[1] + 1]
         block[:, 1:] = drafts
         block_positions = block_positions[:, : block.shape[1]]
         offsets = offsets[:, : block.shape[1]]
 
         # 3) verify: the target runs the whole block once and picks its own token everywhere
-        if device.type == "cpu":  # lm_head only as far as some row's drafts still match
+        if step_width == 1:  # an AR step: the token at start + 1 by the sampling rule, as verify_block picks it
+            logits, verify_hidden = target(block, block_positions, target_cache, active, taps)
+            chosen = sample_tokens(logits[:, 0], block_start + 1, *row_params)[:, None]
+            accepted = torch.zeros(active.numel(), dtype=torch.int64, device=device)
+        elif device.type == "cpu":  # lm_head only as far as some row's drafts still match
             hidden, verify_hidden = target(block, block_positions, target_cache, active, taps, head=False)
             chosen, accepted = verify_lazily(hidden, target.lm_head, drafts, block_start, *row_params)
         else:
@@ -103,7 +126,9 @@ def speculative_generate(
 
         # 4) accept the longest matching prefix plus the target's token after it (the new bonus)
         committed = accepted + 1  # [n]
-        if width is not None:
+        if isinstance(width, MeasuredWidth):
+            width.update(bands, accepted.tolist(), step_width, time.perf_counter() - t_draft)
+        elif width is not None and drafts.shape[1]:
             width.update(accepted.tolist(), drafts.shape[1])
         for j, (index, a) in enumerate(zip(active.tolist(), accepted.tolist())):
             row = rows[index]
@@ -115,7 +140,8 @@ def speculative_generate(
         # 5) rewind: both caches keep exactly the committed positions (bonus + accepted drafts); the
         #    committed rows' taps become draft context in the next draft pass
         target_cache.crop(active, block_start + committed)
-        pending = (active, verify_hidden, block_positions, offsets < committed[:, None])
+        step_context = (active, verify_hidden, block_positions, offsets < committed[:, None])
+        pending = merge_context(pending, step_context) if keep_pending else step_context
         draft_cache.crop(active, block_start + committed)
         start[active] = block_start + committed
         timings.steps += 1

@@ -45,3 +45,93 @@ class AdaptiveWidth:
             return self.max_width
         return max(range(2, self.max_width + 1),
                    key=lambda w: self.expected_tokens(w) / (self.cost_tokens + w))
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured widths: acceptance per temperature band, pass costs by rows, down to plain AR steps
+# ---------------------------------------------------------------------------------------------
+
+TEMPERATURE_BANDS = (0.0, 0.5, 1.0)  # band 0: greedy; 1: (0, 0.5]; 2: (0.5, 1.0]; 3: above 1.0
+
+
+def temperature_band(temperature: float) -> int:
+    """Acceptance is measured per band: a sampled request accepts far fewer drafts than a greedy one."""
+    if temperature <= 0.0:
+        return 0
+    return 1 + sum(temperature > b for b in TEMPERATURE_BANDS[1:])
+
+
+class MeasuredWidth:
+    """The verify width of each step from what this machine measured, arm by arm.
+
+    The arms are widths 1 (a plain autoregressive step: no draft pass; the committed context is stored
+    with the next draft pass), 2, 4, 8, ... and the full block. Measured directly, so whatever else shapes
+    a step (the confidence cut, the draft vocabulary, sampling costs) is in the numbers:
+
+        tokens[band, w]   committed tokens per row per step (EMA), per temperature band
+        seconds[B, w]     seconds of a step of B rows (draft + verify pass, EMA)
+
+    For a batch whose rows are in bands b_r it picks  w* = argmax_w  sum_r tokens[b_r, w] / seconds[B, w],
+    (keeping the arm in use unless another measures `margin` better: timings are noisy), so a width
+    measuring slower than AR (w = 1) is never kept: DFlash never loses to autoregressive
+    decoding by its own measurements, at any temperature or batch size. An arm not yet measured for this
+    batch (or a band of it) runs first, widest first; every `explore_every` steps a neighbour of the best
+    arm runs, and every fourth time any arm in turn (the machine and the acceptance drift; exploring next
+    to AR costs little, and a noisy first measurement cannot strand the choice). Lossless at any width: which tokens are committed never
+    depends on it.
+    """
+
+    def __init__(self, max_width: int, decay: float = 0.9, explore_every: int = 12, margin: float = 0.05):
+        if max_width < 2:
+            raise ValueError(f"max_width must be >= 2, got {max_width}")
+        self.max_width, self.decay, self.explore_every = max_width, decay, explore_every
+        self.arms = sorted({1, max_width, *(1 << i for i in range(1, max_width.bit_length()) if 1 << i < max_width)})
+        self.tokens: dict[tuple[int, int], float] = {}
+        self.seconds: dict[tuple[int, int], float] = {}
+        self.counts: dict[tuple, int] = {}
+        self.held: dict[tuple, int] = {}  # batch composition -> index of the arm in use
+        self.margin = margin
+        self.steps = 0
+
+    def _ema(self, table: dict, key, value: float) -> None:
+        """A running mean over the first 1 / (1 - decay) samples, then an EMA (a bad first sample fades fast)."""
+        n = self.counts[id(table), key] = self.counts.get((id(table), key), 0) + 1
+        old = table.get(key, value)
+        weight = max(1.0 / n, 1.0 - self.decay)
+        table[key] = (1 - weight) * old + weight * value
+
+    def value(self, bands: list[int], width: int) -> float | None:
+        """Expected committed tokens per second of a step at `width`, or None if not measured yet."""
+        seconds = self.seconds.get((len(bands), width))
+        tokens = [self.tokens.get((b, width)) for b in bands]
+        if seconds is None or None in tokens:
+            return None
+        return sum(tokens) / max(seconds, 1e-9)
+
+    def width(self, bands: list[int]) -> int:
+        if not bands:
+            return self.max_width
+        unmeasured = [w for w in self.arms if self.value(bands, w) is None]
+        if unmeasured:
+            return unmeasured[-1]
+        best = max(range(len(self.arms)), key=lambda i: self.value(bands, self.arms[i]))
+        held = self.held.get(tuple(sorted(bands)))  # hysteresis: keep the arm in use unless beaten by `margin`
+        if held is not None and self.value(bands, self.arms[held]) * (1 + self.margin) >= self.value(bands, self.arms[best]):
+            best = held
+        self.held[tuple(sorted(bands))] = best
+        if self.explore_every and self.steps % self.explore_every == 0:
+            turn = self.steps // self.explore_every
+            if turn % 4 == 3:  # every fourth exploration: any arm, in turn (a noisy start cannot strand it)
+                return self.arms[(turn // 4) % len(self.arms)]
+            near = [i for i in (best - 1, best + 1) if 0 <= i < len(self.arms)]  # else a neighbour of the best
+            return self.arms[near[turn % len(near)]]
+        return self.arms[best]
+
+    def update(self, bands: list[int], accepted: list[int], width: int, seconds: float) -> None:
+        """Fold one step in: each row's band and accepted drafts, the width it ran at, its seconds."""
+        width = min(self.arms, key=lambda w: abs(w - width))  # a width outside the arms counts as the nearest
+        self._ema(self.seconds, (len(bands), width), seconds)
+        for band in set(bands):
+            mine = [a + 1 for b, a in zip(bands, accepted) if b == band]
+            self._ema(self.tokens, (band, width), sum(mine) / len(mine))
+        self.steps += 1

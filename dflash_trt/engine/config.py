@@ -53,6 +53,10 @@ class RuntimeConfig:
     # the target engine then emits no block logits, whose buffers TensorRT-LLM reserves at start
     # (max_num_tokens x (K+1) x V floats: ~40 GB for Qwen3-8B at block 16; docs/trtllm-backend.md).
     sampled_requests: bool = True
+    # Verify widths: "schedule" (block_size_schedule, adaptive_width_cost as above) or "measured": each step
+    # picks the width from this machine's measured acceptance per temperature band and pass costs by rows,
+    # down to plain AR steps where drafting measures slower (decoding/width.py MeasuredWidth).
+    width_policy: str = "schedule"
 
 
 @dataclass
@@ -130,6 +134,8 @@ def _check(cfg: BuildConfig, where: str) -> None:
     conf = cfg.runtime.draft_confidence
     if not (isinstance(conf, (int, float)) and not isinstance(conf, bool) and 0 <= conf < 1):
         bad("runtime.draft_confidence", f"expected a probability in [0, 1) (0 = full blocks), got {conf!r}")
+    if cfg.runtime.width_policy not in ("schedule", "measured"):
+        bad("runtime.width_policy", f"expected schedule or measured, got {cfg.runtime.width_policy!r}")
     if not isinstance(cfg.runtime.sampled_requests, bool):
         bad("runtime.sampled_requests", f"expected true or false, got {cfg.runtime.sampled_requests!r}")
     vocab = cfg.runtime.draft_vocab_size

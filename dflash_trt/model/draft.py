@@ -328,9 +328,7 @@ class DFlashDraft(nn.Module):
         vocab = self.vocab
         head = lm_head if vocab is None else vocab[1]
         if any_sampled(sampling):
-            logits = self.logits(hidden, head)
-            columns = coupled_drafts(logits, start, sampling, None if vocab is None else vocab[0])
-            columns = columns[:, : confident_prefix(logits, columns, sampling[0], min_confidence)]
+            columns = self._coupled(hidden, head, start, sampling, min_confidence)
             return columns if vocab is None else vocab[0][columns]
         plain = self.config.output_multiplier == 1.0 and not self.config.final_logit_softcapping
         if plain and cpu_ops.head_ready(hidden, head):  # one sequence on CPU: the same in C++
@@ -339,6 +337,24 @@ class DFlashDraft(nn.Module):
             drafts = confident_drafts(lambda lo, hi: self.logits(hidden[:, lo:hi], head), hidden.shape[1],
                                       min_confidence, CONFIDENCE_FIRST)
         return drafts if vocab is None else vocab[0][drafts]
+
+    def _coupled(self, hidden, head, start, sampling, min_confidence: float) -> torch.Tensor:
+        """Coupled drafts [B, K' <= K] (head columns) in chunks of slots (CONFIDENCE_FIRST, then the rest):
+        with the confidence cut, the later slots' head and sampling are skipped once no row trusts them."""
+        vocab_ids = None if self.vocab is None else self.vocab[0]
+        k, lo, chunks, running = hidden.shape[1], 0, [], None
+        while lo < k:
+            hi = k if (lo or min_confidence <= 0.0) else min(k, CONFIDENCE_FIRST)
+            logits = self.logits(hidden[:, lo:hi], head)
+            columns = coupled_drafts(logits, start + lo, sampling, vocab_ids)
+            if min_confidence <= 0.0:
+                return columns
+            kept, running = confident_prefix(logits, columns, sampling[0], min_confidence, running)
+            chunks.append(columns[:, :kept])
+            if kept < hi - lo:
+                break
+            lo = hi
+        return torch.cat(chunks, dim=1)
 
     def draft_block(self, noise_embedding: torch.Tensor, block_positions: torch.Tensor, cache: KVCache,
                     slots: torch.Tensor, context: tuple | None, lm_head: nn.Module,

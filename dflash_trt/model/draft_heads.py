@@ -85,14 +85,18 @@ def any_sampled(sampling) -> bool:
 
 
 def confident_prefix(logits: torch.Tensor, columns: torch.Tensor, temperature: torch.Tensor,
-                     min_confidence: float) -> int:
-    """K' for drafts `columns` [B, K] of `logits` [B, K, V] under the confidence cut: the slots some row
-    still trusts, each slot's trust being the draft's probability of its token (softmax at the row's
-    temperature; a greedy row's is its max probability, as in `confident_drafts`), multiplied along the
-    block; at least 1."""
-    if min_confidence <= 0.0 or columns.shape[1] <= 1:
-        return columns.shape[1]
+                     min_confidence: float, running: torch.Tensor | None = None) -> tuple[int, torch.Tensor]:
+    """(K', running) for drafts `columns` [B, K] of `logits` [B, K, V] under the confidence cut: K' the slots
+    some row still trusts (at least 1), each slot's trust being the draft's probability of its token
+    (softmax at the row's temperature; a greedy row's is its max probability, as in `confident_drafts`),
+    multiplied along the block from `running` [B] (log, the slots before these; 0 by default); `running`
+    returned is each row's log product after the last slot."""
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()[:, None, None]
     log_q = torch.log_softmax(logits.float() / t, dim=-1).gather(-1, columns[..., None])[..., 0]
-    running = log_q.nan_to_num(nan=float("-inf")).cumsum(dim=1)
-    return max(1, int((running >= math.log(min_confidence)).sum(dim=1).max()))
+    product = log_q.nan_to_num(nan=float("-inf")).cumsum(dim=1)
+    if running is not None:
+        product = product + running[:, None]
+    if min_confidence <= 0.0:
+        return columns.shape[1], product[:, -1]
+    kept = int((product >= math.log(min_confidence)).sum(dim=1).max())
+    return max(1, kept) if running is None else kept, product[:, -1]

@@ -24,7 +24,7 @@ import torch
 
 from dflash_trt.decoding.requests import Detokenize, GenerationResult, Request, Row
 from dflash_trt.decoding.sampling import params_tensors
-from dflash_trt.decoding.width import AdaptiveWidth
+from dflash_trt.decoding.width import AdaptiveWidth, MeasuredWidth, temperature_band
 from dflash_trt.runtime.runner import DraftRunner, TargetRunner
 
 
@@ -93,7 +93,8 @@ class Scheduler:
     def __init__(self, target: TargetRunner, draft: DraftRunner | None, n_slots: int, capacity: int,
                  detokenize: Detokenize | None = None, max_prefill_batch: int = 8, device="cpu",
                  on_step: Callable[[StepStats], None] | None = None,
-                 block_size_schedule: dict[int, int] | None = None, adaptive_width_cost: float | None = None):
+                 block_size_schedule: dict[int, int] | None = None, adaptive_width_cost: float | None = None,
+                 width_policy: str = "schedule"):
         self.target, self.draft, self.capacity = target, draft, capacity
         self.detokenize, self.max_prefill_batch, self.device = detokenize, max_prefill_batch, device
         self.on_step = on_step
@@ -102,6 +103,11 @@ class Scheduler:
         self.block_size_schedule = dict(sorted((block_size_schedule or {}).items()))
         self.adaptive = AdaptiveWidth(self.block_size, adaptive_width_cost) \
             if adaptive_width_cost is not None and self.block_size > 1 else None
+        if width_policy not in ("schedule", "measured"):
+            raise ValueError(f"width_policy must be 'schedule' or 'measured', got {width_policy!r}")
+        # "measured": one decision from measured acceptance (per temperature band) and pass costs, down
+        # to plain AR steps; it replaces block_size_schedule and adaptive_width_cost
+        self.measured = MeasuredWidth(self.block_size) if width_policy == "measured" and self.block_size > 1 else None
         self.free_slots = list(range(n_slots))
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}
@@ -230,9 +236,12 @@ class Scheduler:
             self._commit(seq, [token])
         return n
 
-    def verify_width(self, batch: int) -> int:
-        """Block size for a step of `batch` rows: the schedule's entry at or below `batch`, capped
-        (1: verify the bonus token alone, an autoregressive step that keeps the draft context)."""
+    def verify_width(self, batch: int, bands: list[int] | None = None) -> int:
+        """Block size for a step of `batch` rows: the measured policy's choice for rows in temperature
+        `bands`, else the schedule's entry at or below `batch`, capped (1: verify the bonus token alone, an
+        autoregressive step that keeps the draft context)."""
+        if self.measured is not None:
+            return self.measured.width(bands if bands is not None else [0] * batch)
         width = self.block_size
         for threshold, block in self.block_size_schedule.items():
             if batch >= threshold:
@@ -261,7 +270,8 @@ class Scheduler:
         bonus = torch.tensor([s.bonus for s in seqs], device=self.device)
         start = torch.tensor([s.start for s in seqs], device=self.device)
         t0 = time.perf_counter()
-        width = self.verify_width(len(seqs))
+        bands = [temperature_band(s.request.params.temperature) for s in seqs]
+        width = self.verify_width(len(seqs), bands)
         sampling = self._sampling(seqs)
         if self.draft is not None and width > 1:
             drafts = self.draft.propose(slots, bonus, start, width, sampling)  # [n, K]; sampled rows: coupled
@@ -273,6 +283,8 @@ class Scheduler:
         t2 = time.perf_counter()
         if self.adaptive is not None and drafts.shape[1]:
             self.adaptive.update(accepted.tolist(), drafts.shape[1])
+        if self.measured is not None:
+            self.measured.update(bands, accepted.tolist(), width, t2 - t0)
         committed = accepted + 1
         new_start = start + committed
         self.target.commit(slots, new_start)

@@ -26,6 +26,7 @@ class ServiceLimits:
     block_size_schedule: dict[int, int] | None = None  # {batch size: smaller block size} for busy steps
     adaptive_width_cost: float | None = None  # step cost in verified tokens: pick widths from acceptance
     draft_confidence: float = 0.0  # > 0: verify only the drafts the drafter trusts this much (confident_drafts)
+    width_policy: str = "schedule"  # "measured": widths from measured acceptance and pass costs (MeasuredWidth)
 
 
 def torch_runners(pair: LoadedPair, limits: ServiceLimits):
@@ -55,7 +56,7 @@ class DFlashService:
         self.scheduler = Scheduler(target, draft, limits.max_batch_size, capacity, detokenize,
                                    device=target.device, on_step=on_step,
                                    block_size_schedule=limits.block_size_schedule,
-                                   adaptive_width_cost=limits.adaptive_width_cost)
+                                   adaptive_width_cost=limits.adaptive_width_cost, width_policy=limits.width_policy)
         self.thread = threading.Thread(target=self._run, name="dflash-scheduler", daemon=True)
         self.error: BaseException | None = None
         self.thread.start()
