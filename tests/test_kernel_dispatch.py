@@ -121,7 +121,7 @@ def test_kernel_branch_passes_contiguous_arguments_in_schema_order(monkeypatch):
         seen["contiguous"] = all(t.is_contiguous() for t in (logits, drafts, start, temperature, top_k, top_p, seed))
         return twin.verify_block_next(logits, drafts, start, temperature, top_k, top_p, seed, mask_token_id)
 
-    monkeypatch.setattr(dispatch, "resolve_impl", lambda logits: "kernel")
+    monkeypatch.setattr(dispatch, "resolve_impl", lambda logits, sampled=False: "kernel")
     monkeypatch.setattr(dispatch, "load_op", lambda: fake_op)
     logits, drafts, *rest = block(b=2, k=3)
     strided = logits.transpose(0, 1).contiguous().transpose(0, 1)  # same values, not contiguous
@@ -176,3 +176,27 @@ def test_served_runtime_verifies_through_the_switch(loaded_tiny_pair):
             assert [r.tokens for r in svc.generate(requests)] == expected
         finally:
             svc.shutdown()
+
+
+def test_auto_runs_the_twin_for_sampled_cpu_rows_and_it_matches_the_reference():
+    """auto on CPU: greedy rows -> the torch reference (an argmax); sampled rows -> the C++ twin, bit-identical."""
+    from dflash_trt.decoding import sampling
+
+    if not dispatch.twin_available():
+        pytest.skip("no C++ compiler / plugin sources for the twin")
+    logits, drafts, start, temperature, top_k, top_p, seed = block(b=4, k=3)
+    assert dispatch.resolve_impl(logits, sampled=False) == "reference"
+    assert dispatch.resolve_impl(logits, sampled=True) == "twin"
+    temperature = torch.tensor([0.0, 0.7, 1.3, 2.0])
+    got = dispatch.verify_block(logits, drafts, start, temperature, top_k, top_p, seed)
+    want = reference.verify_block(logits, drafts, start, temperature, top_k, top_p, seed)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    rows, positions = logits.reshape(-1, logits.shape[-1]), torch.arange(16)  # 4 rows x 4 slots
+    params = (temperature.repeat_interleave(4), top_k.repeat_interleave(4), top_p.repeat_interleave(4),
+              seed.repeat_interleave(4))
+    ids = torch.randperm(1000)[: rows.shape[1]]  # a draft vocabulary's ids, unsorted
+    for vocab_ids in (None, ids):
+        assert torch.equal(dispatch.sample_tokens(rows, positions, *params, vocab_ids),
+                           sampling.sample_tokens(rows, positions, *params, vocab_ids))
+    with dispatch.use_impl("reference"):
+        assert dispatch.resolve_impl(logits, sampled=True) == "reference"

@@ -83,9 +83,11 @@ def test_runner_decodes_losslessly_against_the_engine_contract(loaded_tiny_pair,
     runner, emulator = _runner(pair)
     draft = ort_draft_runner(tmp_path, SLOTS)
     got = decode(runner, draft, requests, SLOTS, capacity, block_size_schedule=schedule)
+    from test_onnx_draft import GreedyDrafts  # the graphs draft greedily for sampled rows too
+
     reference = decode(TorchTargetRunner(pair.target, SLOTS, capacity, d.target_layer_ids),
-                       TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, d.block_size), requests, SLOTS, capacity,
-                       block_size_schedule=schedule)
+                       GreedyDrafts(TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, d.block_size)), requests,
+                       SLOTS, capacity, block_size_schedule=schedule)
     ar_runner, _ = _runner(pair)
     ar = decode(ar_runner, None, requests, SLOTS, capacity)  # blocks of 1: the last tail row
     assert [r.tokens for r in got] == [r.tokens for r in reference] == [r.tokens for r in ar]

@@ -9,7 +9,7 @@ import torch
 
 from dflash_trt.decoding.batch import BatchParams, cache_capacity, prefill
 from dflash_trt.decoding.requests import Detokenize, GenerationResult, OnCommit, Request, Row
-from dflash_trt.decoding.sampling import sample_tokens
+from dflash_trt.kernels import sample_tokens  # the rule: torch, or its C++ twin for sampled CPU rows
 from dflash_trt.model import cpu_layers
 from dflash_trt.model.target import Target
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from dflash_trt.decoding.requests import Request
-from dflash_trt.decoding.sampling import params_tensors, sample_tokens
+from dflash_trt.decoding.sampling import params_tensors
+from dflash_trt.kernels import sample_tokens  # the rule: torch, or its C++ twin for sampled CPU rows
 from dflash_trt.model.kv_cache import KVCache
 from dflash_trt.model.target import Target
 

@@ -14,9 +14,9 @@ import torch
 
 from dflash_trt.decoding.batch import BatchParams, cache_capacity, prefill
 from dflash_trt.decoding.requests import Detokenize, GenerationResult, OnCommit, Request, Row
-from dflash_trt.decoding.sampling import sample_tokens
-from dflash_trt.decoding.verify import verify_block, verify_lazily
+from dflash_trt.decoding.verify import verify_lazily
 from dflash_trt.decoding.width import AdaptiveWidth, MeasuredWidth, temperature_band
+from dflash_trt.kernels import sample_tokens, verify_block  # the rule's switch: torch / C++ twin / CUDA
 from dflash_trt.model import cpu_layers
 from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.model.target import Target
@@ -119,7 +119,8 @@ def speculative_generate(
             accepted = torch.zeros(active.numel(), dtype=torch.int64, device=device)
         elif device.type == "cpu":  # lm_head only as far as some row's drafts still match
             hidden, verify_hidden = target(block, block_positions, target_cache, active, taps, head=False)
-            chosen, accepted = verify_lazily(hidden, target.lm_head, drafts, block_start, *row_params)
+            chosen, accepted = verify_lazily(hidden, target.lm_head, drafts, block_start, *row_params,
+                                              verify=verify_block)
         else:
             logits, verify_hidden = target(block, block_positions, target_cache, active, taps)
             chosen, accepted = verify_block(logits, drafts, block_start, *row_params)

@@ -178,9 +178,6 @@ def canonical_logits(logits: torch.Tensor) -> torch.Tensor:
     return logits.float().nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
 
 
-SAMPLING_IMPL_ENV = "DFLASH_TRT_SAMPLING_IMPL"  # auto (default): the C++ twin on CPU when it builds; torch
-
-
 def sample_tokens(
     logits: torch.Tensor,  # [N, V] any float dtype
     positions: torch.Tensor,  # [N] int64: absolute position of the token being chosen
@@ -190,64 +187,22 @@ def sample_tokens(
     seed: torch.Tensor,  # [N] int64 (uint64 bits)
     vocab_ids: torch.Tensor | None = None,  # [V] int64: the token id of each column (default 0..V-1)
 ) -> torch.Tensor:  # [N] int64: column indices (= token ids without vocab_ids)
-    """Apply the sampling rule row by row; greedy rows (T = 0) take the plain argmax.
+    """Apply the sampling rule row by row (the torch reference); greedy rows (T = 0) take the plain argmax.
 
     `vocab_ids` scores a subset of the vocabulary (the drafter's draft vocabulary): column c stands for
     token vocab_ids[c], which gets that token's noise g(s, p, vocab_ids[c]) and breaks ties by that id,
     so the choice is the full rule's restricted to the subset (the full rule's winner whenever it is in it).
-
-    Sampled rows on CPU run the rule's C++ twin (plugins/dflash_verify/twin, the kernels' own row code:
-    bit-identical to the torch code below, tested) when it builds, ~10x faster on CPU than the torch code;
-    DFLASH_TRT_SAMPLING_IMPL=torch forces the torch code."""
-    if not bool((temperature > 0).any()):
-        return canonical_logits(logits).argmax(dim=-1) if vocab_ids is None else \
-            _by_id(lambda lg, ids: canonical_logits(lg).argmax(dim=-1), logits, vocab_ids)
-    twin = _cpu_twin(logits)
-    if twin is not None:
-        if vocab_ids is None:
-            return twin.sample_tokens(logits, positions, temperature, top_k, top_p, seed)
-        return _twin_subset(twin, logits, positions, temperature, top_k, top_p, seed, vocab_ids)
+    Decoding paths call `dflash_trt.kernels.sample_tokens`, which runs this or a bit-identical C++ / CUDA body."""
     if vocab_ids is None:
         return sample_tokens_reference(logits, positions, temperature, top_k, top_p, seed)
-    return _by_id(lambda lg, ids: sample_tokens_reference(lg, positions, temperature, top_k, top_p, seed, ids),
-                  logits, vocab_ids)
+    return by_id(lambda lg, ids: sample_tokens_reference(lg, positions, temperature, top_k, top_p, seed, ids),
+                 logits, vocab_ids)
 
 
-def _by_id(choose, logits: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor:
+def by_id(choose, logits: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor:
     """`choose(logits, ids)` with the columns in ascending token id (ties go to the lowest id), as columns."""
     order = vocab_ids.argsort()
     return order[choose(logits[:, order], vocab_ids[order])]
-
-
-def _twin_subset(twin, logits, positions, temperature, top_k, top_p, seed, vocab_ids) -> torch.Tensor:
-    """The twin over a subset: the rows scattered into full-width rows, -inf (never chosen) elsewhere."""
-    full = torch.full((logits.shape[0], int(vocab_ids.max()) + 1), float("-inf"), dtype=torch.float32)
-    full[:, vocab_ids] = canonical_logits(logits)
-    tokens = twin.sample_tokens(full, positions, temperature, top_k, top_p, seed)
-    column = torch.full((full.shape[1],), 0, dtype=torch.int64)
-    column[vocab_ids] = torch.arange(vocab_ids.numel())
-    return column[tokens]
-
-
-_TWIN_STATE: dict = {}
-
-
-def _cpu_twin(logits: torch.Tensor):
-    """The C++ twin module for CPU logits, or None (CUDA tensors, DFLASH_TRT_SAMPLING_IMPL=torch, no compiler
-    or no plugin sources: a wheel install); built once per process, a failure remembered."""
-    import os
-
-    if logits.device.type != "cpu" or os.environ.get(SAMPLING_IMPL_ENV, "auto") == "torch":
-        return None
-    if "twin" not in _TWIN_STATE:
-        try:
-            from dflash_trt.kernels import twin
-
-            twin.library()
-            _TWIN_STATE["twin"] = twin
-        except Exception as exc:  # noqa: BLE001  any build / load failure: the torch code serves
-            _TWIN_STATE["twin"], _TWIN_STATE["error"] = None, f"{type(exc).__name__}: {exc}"
-    return _TWIN_STATE["twin"]
 
 
 def sample_tokens_reference(logits, positions, temperature, top_k, top_p, seed, vocab_ids=None) -> torch.Tensor:

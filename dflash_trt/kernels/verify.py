@@ -7,8 +7,14 @@
 - ``reference``: the torch reference in `dflash_trt.decoding` (any device).
 - ``kernel``: the CUDA op ``torch.ops.dflash_verify.verify_block`` (CUDA tensors; built by
   scripts/gpu_check.sh or ``python -m dflash_trt.kernels.build_op``); an error if unavailable.
-- ``twin``: the kernels' C++ row code compiled for the host (CPU tensors; tests and debugging).
-- ``auto`` (default): ``kernel`` for CUDA tensors when the op loads, else ``reference``.
+- ``twin``: the kernels' C++ row code compiled for the host (CPU tensors).
+- ``auto`` (default): ``kernel`` for CUDA tensors when the op loads; for CPU tensors with sampled rows
+  the ``twin`` when it builds (g++ and the plugin sources: a source checkout), ~10x faster than the torch
+  code there; else ``reference``.
+
+`sample_tokens` is the same switch for the sampling rule alone (`dflash_trt.decoding.sampling`): the
+twin on CPU where it runs, else the torch reference (the CUDA op verifies blocks; single rows on CUDA
+use the torch reference).
 
 Choose with ``DFLASH_TRT_VERIFY_IMPL=reference|kernel|twin|auto`` or, in tests, the module-level
 ``impl_override`` (or the `use_impl` context manager), which wins over the env var. The op
@@ -103,11 +109,30 @@ def kernel_status() -> str:
     return "kernel available: torch.ops.dflash_verify.verify_block"
 
 
-def resolve_impl(logits: torch.Tensor) -> str:
-    """The implementation that will run for these logits ('reference', 'kernel' or 'twin')."""
+_TWIN: dict = {}
+
+
+def twin_available() -> bool:
+    """Whether the host twin builds and loads here (once per process; a failure remembered with its reason)."""
+    if "ok" not in _TWIN:
+        try:
+            from dflash_trt.kernels import twin
+
+            twin.library()
+            _TWIN["ok"] = True
+        except Exception as exc:  # noqa: BLE001  no compiler, no plugin sources (a wheel), a build error
+            _TWIN["ok"], _TWIN["error"] = False, f"{type(exc).__name__}: {exc}"
+    return _TWIN["ok"]
+
+
+def resolve_impl(logits: torch.Tensor, sampled: bool = False) -> str:
+    """The implementation that will run for these logits ('reference', 'kernel' or 'twin'); `sampled`:
+    some row has temperature > 0 (greedy CPU rows are a plain argmax, fastest in torch)."""
     name = selected_impl()
     if name == "auto":
-        return "kernel" if logits.is_cuda and kernel_available() else "reference"
+        if logits.is_cuda:
+            return "kernel" if kernel_available() else "reference"
+        return "twin" if sampled and twin_available() else "reference"
     if name == "kernel" and not (logits.is_cuda and kernel_available()):
         where = "CPU tensors" if not logits.is_cuda else kernel_status()
         raise MissingDependencyError(f"{ENV_IMPL}=kernel but the CUDA verify kernel cannot run: {where}")
@@ -134,7 +159,7 @@ def verify_block_next(
     mask_token_id: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """tokens [B, K+1], accepted [B] and next_block_ids [B, K+1], from the selected implementation."""
-    impl = resolve_impl(logits)
+    impl = resolve_impl(logits, bool((temperature > 0).any()))
     if impl == "kernel":
         args = (logits, drafts, start, temperature, top_k, top_p, seed)
         return load_op()(*(a.contiguous() for a in args), mask_token_id)
@@ -156,7 +181,28 @@ def verify_block(
     seed: torch.Tensor,  # [B] int64
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop-in for `dflash_trt.decoding.verify.verify_block`: tokens [B, K+1] and accepted [B]."""
-    if resolve_impl(logits) == "reference":  # skip the next-block work the caller does not need
+    if resolve_impl(logits, bool((temperature > 0).any())) == "reference":  # skip the next-block work
         return reference.verify_block(logits, drafts, start, temperature, top_k, top_p, seed)
     tokens, accepted, _ = verify_block_next(logits, drafts, start, temperature, top_k, top_p, seed)
     return tokens, accepted
+
+
+def sample_tokens(logits, positions, temperature, top_k, top_p, seed, vocab_ids=None) -> torch.Tensor:
+    """Drop-in for `dflash_trt.decoding.sampling.sample_tokens` (columns [N]): the twin for sampled CPU rows
+    where `resolve_impl` picks it, else the torch reference."""
+    from dflash_trt.decoding import sampling
+
+    sampled = bool((temperature > 0).any())
+    if not sampled or resolve_impl(logits, True) != "twin":
+        return sampling.sample_tokens(logits, positions, temperature, top_k, top_p, seed, vocab_ids)
+    from dflash_trt.kernels import twin
+
+    if vocab_ids is None:
+        return twin.sample_tokens(logits, positions, temperature, top_k, top_p, seed)
+    # a subset: its rows scattered into full-width rows, -inf (never chosen) elsewhere, tokens back to columns
+    full = torch.full((logits.shape[0], int(vocab_ids.max()) + 1), float("-inf"), dtype=torch.float32)
+    full[:, vocab_ids] = sampling.canonical_logits(logits)
+    tokens = twin.sample_tokens(full, positions, temperature, top_k, top_p, seed)
+    column = torch.zeros(full.shape[1], dtype=torch.int64)
+    column[vocab_ids] = torch.arange(vocab_ids.numel())
+    return column[tokens]

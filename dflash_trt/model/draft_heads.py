@@ -21,7 +21,6 @@ import math
 
 import torch
 
-from dflash_trt.decoding.sampling import sample_tokens
 from dflash_trt.model.layers import linear
 
 
@@ -72,6 +71,8 @@ def coupled_drafts(logits: torch.Tensor, start: torch.Tensor, sampling, vocab_id
     """Drafts [B, K] (column indices of `logits`) for block slots 1..K: the sampling rule on the draft logits
     [B, K, V] with each row's (T, top_k, top_p, seed) at absolute positions start+1 .. start+K (slot j is
     verified against the target's token at start + j); greedy rows (T = 0) take the argmax."""
+    from dflash_trt.kernels import sample_tokens  # the rule: torch, or its C++ twin for sampled CPU rows
+
     b, k, v = logits.shape
     positions = start[:, None] + 1 + torch.arange(k, device=logits.device)[None, :]
     temperature, top_k, top_p, seed = sampling

@@ -22,9 +22,8 @@ from typing import Protocol
 import torch
 
 from dflash_trt.decoding.batch import pad_prompts
-from dflash_trt.decoding.sampling import sample_tokens
 from dflash_trt.decoding.verify import verify_lazily
-from dflash_trt.kernels import verify_block  # the one switch: CUDA kernel when built, else the torch reference
+from dflash_trt.kernels import sample_tokens, verify_block  # the one switch: CUDA kernel / C++ twin / torch
 from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.model.target import Target
 

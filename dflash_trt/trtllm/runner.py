@@ -36,9 +36,9 @@ from pathlib import Path
 import torch
 
 from dflash_trt.decoding.batch import pad_prompts
-from dflash_trt.decoding.sampling import sample_tokens
 from dflash_trt.decoding.verify import accept_length
 from dflash_trt.errors import CheckpointError, MissingDependencyError
+from dflash_trt.kernels import sample_tokens
 from dflash_trt.trtllm import versions
 from dflash_trt.trtllm.io_spec import ENGINE_CONFIG_FILE
 
