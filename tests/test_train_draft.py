@@ -222,3 +222,51 @@ def test_features_over_the_memory_budget_are_computed_per_step_with_the_same_run
     per_step = _train(tiny_pair[0], data, tmp_path / "b", 3, ("--feature-memory-gb", "0"))
     assert computed[:3] == [4, 4, 4]  # one training batch a step, no table
     assert per_step["loss_history"] == pytest.approx(table["loss_history"], rel=1e-5)
+
+
+def test_distill_loss_is_zero_at_the_teacher_and_positive_elsewhere():
+    from dflash_trt.train.blocks import distill_loss
+
+    tokens = torch.randint(0, 50, (2, 30), generator=torch.Generator().manual_seed(3))
+    batch = sample_blocks(tokens, torch.ones_like(tokens, dtype=torch.bool), 4, 5, 49, 7.0,
+                          torch.Generator().manual_seed(4))
+    teacher = torch.randn(2, 4, 4, 50, generator=torch.Generator().manual_seed(5))
+    assert float(distill_loss(teacher.clone(), teacher, batch, 0.7)) < 1e-6
+    assert float(distill_loss(teacher.flip(-1), teacher, batch, 0.7)) > 0.1
+    student = teacher.clone().requires_grad_(True)
+    distill_loss(student * 0.5, teacher, batch, 1.0).backward()  # flatter than the teacher: a gradient to sharpen
+    assert student.grad.abs().sum() > 0
+
+
+def test_target_block_logits_are_the_targets_own_next_token_logits(tiny_pair):
+    """Slot k of anchor a gets the target's logits at position a + k - 1 (those that predict the slot's label)."""
+    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.train.blocks import target_block_logits
+
+    pair = load_pair(tiny_pair[0], None, dtype="fp32", device="cpu")
+    tokens = torch.randint(0, 250, (1, 24), generator=torch.Generator().manual_seed(6))
+    cache = pair.target.new_cache(1, 24)
+    positions = torch.arange(24)[None]
+    logits, _ = pair.target(tokens, positions, cache, torch.tensor([0]))
+    cache = pair.target.new_cache(1, 24)
+    final, _ = pair.target(tokens, positions, cache, torch.tensor([0]), head=False)
+    batch = sample_blocks(tokens, torch.ones_like(tokens, dtype=torch.bool), 3, 4, 255, 7.0,
+                          torch.Generator().manual_seed(7))
+    got = target_block_logits(final, pair.target.lm_head, batch)  # [1, 3, 3, V]
+    for n, a in enumerate(batch.anchors[0].tolist()):
+        for k in range(1, 4):
+            if a + k < 24:
+                torch.testing.assert_close(got[0, n, k - 1], logits[0, a + k - 1], atol=1e-5, rtol=1e-5)
+
+
+def test_distilled_training_at_a_sampling_temperature(tiny_pair, tmp_path):
+    """--regenerate-temperature samples the data, --distill-temperature trains on the target's soft labels."""
+    summary = _train(tiny_pair[0], _data(tmp_path / "d.jsonl", n=24), tmp_path / "draft", 30,
+                     ["--regenerate-temperature", "0.8", "--distill-temperature", "0.8", "--distill-weight", "0.7"])
+    history = summary["loss_history"]
+    assert sum(history[-5:]) / 5 < sum(history[:5]) / 5  # the mixed loss falls
+    record = json.loads((tmp_path / "draft" / "dflash_trt_train.json").read_text())
+    assert record["distill_temperature"] == 0.8 and record["regen_temperature"] == 0.8
+    bad = CliRunner().invoke(cli, ["train-draft", "--target", str(tiny_pair[0]), "--data", str(tmp_path / "d.jsonl"),
+                                   "--out", str(tmp_path / "x"), "--distill-weight", "1.5"])
+    assert bad.exit_code == 2

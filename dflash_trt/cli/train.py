@@ -26,7 +26,14 @@ from dflash_trt.cli.types import INT_LIST
 @click.option("--regenerate", is_flag=True, help="Continue each sample's prompt with the target itself.")
 @click.option("--regen-prompt-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--regen-new-tokens", type=click.IntRange(min=1), default=192, show_default=True)
-@click.option("--regen-temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--regen-temperature", "--regenerate-temperature", "regen_temperature", type=click.FloatRange(min=0),
+              default=0.0, show_default=True,
+              help="Regenerate by sampling at this temperature (0: greedy), e.g. the serving temperature.")
+@click.option("--distill-temperature", type=click.FloatRange(min=0, min_open=True),
+              help="Add a KL loss to the target's distribution at this temperature (soft labels) to the hard-label "
+                   "loss: a drafter for sampled serving (coupled drafts match when its distribution matches).")
+@click.option("--distill-weight", type=click.FloatRange(min=0, max=1), default=1.0, show_default=True,
+              help="With --distill-temperature: loss = w * KL + (1 - w) * hard-label CE.")
 @click.option("--max-samples", type=click.IntRange(min=1), help="Use at most this many samples.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--save-every", type=click.IntRange(min=1), default=200, show_default=True,

@@ -129,6 +129,31 @@ def block_loss(logits: torch.Tensor, batch: BlockBatch) -> tuple[torch.Tensor, t
     return loss, accuracy
 
 
+def distill_loss(logits: torch.Tensor, target_logits: torch.Tensor, batch: BlockBatch,
+                 temperature: float) -> torch.Tensor:
+    """Decay-weighted KL(p_T || q_T) over slots 1..B-1: the target's distribution at the training temperature
+    (`target_logits` [Bt, N, B-1, V], its logits for the token at each slot) against the drafter's, times T²
+    (Hinton et al.'s scaling, so the gradient's size does not shrink with T). Zero when the drafter's
+    tempered distribution equals the target's; a drafter trained so drafts, coupled with the request's noise,
+    match what the target samples (model/draft_heads.py)."""
+    log_q = F.log_softmax(logits.float() / temperature, dim=-1)
+    log_p = F.log_softmax(target_logits.float() / temperature, dim=-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1) * temperature**2  # [Bt, N, B-1]
+    w = batch.weights[None, None, :] * (batch.labels != -100)
+    return (kl * w).sum() / w.sum().clamp(min=1e-8)
+
+
+def target_block_logits(final_hidden: torch.Tensor, lm_head, batch: BlockBatch) -> torch.Tensor:
+    """The target's logits for the token at every block slot 1..B-1 ([Bt, N, B-1, V]): its final-norm hidden
+    state [Bt, S, H] at the position before the slot (slot k of anchor a: position a + k - 1), through lm_head."""
+    bt, n, k = batch.labels.shape
+    s = final_hidden.shape[1]
+    positions = batch.block_positions.view(bt, n, k + 1)[:, :, :-1].clamp(max=s - 1)  # a .. a+B-2
+    rows = final_hidden.gather(1, positions.reshape(bt, -1, 1).expand(-1, -1, final_hidden.shape[-1]))
+    with torch.no_grad():
+        return lm_head(rows).view(bt, n, k, -1)
+
+
 def simulated_acceptance_length(accuracy: torch.Tensor) -> float:
     """τ estimate from per-slot accuracy, treating slots as independent: 1 + sum prod acc."""
     return 1.0 + float(torch.cumprod(accuracy, 0).sum()) if accuracy.numel() else 1.0

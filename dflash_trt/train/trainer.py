@@ -33,9 +33,11 @@ from dflash_trt.train.blocks import (
     block_loss,
     chain_acceptance_length,
     cosine_lr,
+    distill_loss,
     draft_training_logits,
     sample_blocks,
     simulated_acceptance_length,
+    target_block_logits,
 )
 
 
@@ -59,6 +61,11 @@ class TrainDraftConfig:
     regen_prompt_tokens: int = 64
     regen_new_tokens: int = 192
     regen_temperature: float = 0.0
+    # Distillation: None trains on the hard labels only; a temperature T adds KL(p_T || q_T) to the target's
+    # own distribution at T (what coupled drafts at serving temperature T need), mixed with the hard-label
+    # loss as distill_weight * KL + (1 - distill_weight) * CE.
+    distill_temperature: float | None = None
+    distill_weight: float = 1.0
     max_samples: int | None = None
     seed: int = 0
     save_every: int = 200
@@ -74,6 +81,10 @@ class TrainDraftConfig:
             raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
         if self.eval_samples < 0:
             raise ConfigError(f"eval_samples must be >= 0, got {self.eval_samples}")
+        if self.distill_temperature is not None and not self.distill_temperature > 0:
+            raise ConfigError(f"distill_temperature must be > 0 (or unset), got {self.distill_temperature}")
+        if not 0.0 <= self.distill_weight <= 1.0:
+            raise ConfigError(f"distill_weight must be in [0, 1], got {self.distill_weight}")
         if self.feature_memory_gb < 0:
             raise ConfigError(f"feature_memory_gb must be >= 0, got {self.feature_memory_gb}")
         for name in ("layers", "steps", "batch_size", "num_anchors", "save_every"):
@@ -235,10 +246,12 @@ class TargetFeatures:
     With `cache_file` the whole-dataset table is read from there when present, else written there."""
 
     def __init__(self, target, tokens: torch.Tensor, taps: tuple[int, ...], budget_bytes: float = 4e9, chunk: int = 16,
-                 cache_file: Path | None = None):
-        self.target, self.tokens, self.taps = target, tokens, taps
+                 cache_file: Path | None = None, final: bool = False):
+        """`final`: also the target's final-norm hidden state (the distillation loss's teacher), appended
+        after the taps' columns (and cached with them)."""
+        self.target, self.tokens, self.taps, self.final = target, tokens, taps, final
         self.device = target.lm_head.weight.device
-        need = tokens.numel() * len(taps) * target.config.dims.hidden_size * 4
+        need = tokens.numel() * (len(taps) + final) * target.config.dims.hidden_size * 4
         self.table = None
         if need <= budget_bytes:
             if cache_file is not None and cache_file.is_file():
@@ -264,8 +277,11 @@ class TargetFeatures:
         b, s = batch.shape
         cache = self.target.new_cache(b, s)
         positions = torch.arange(s, device=self.device)[None].expand(b, -1)
-        _, hidden = self.target(batch.to(self.device), positions, cache, torch.arange(b, device=self.device),
-                                self.taps, logit_rows=positions[:, :1])
+        slots = torch.arange(b, device=self.device)
+        if self.final:  # head=False: the final-norm hidden rows instead of logits
+            final, hidden = self.target(batch.to(self.device), positions, cache, slots, self.taps, head=False)
+            return torch.cat([hidden, final], dim=-1)
+        _, hidden = self.target(batch.to(self.device), positions, cache, slots, self.taps, logit_rows=positions[:, :1])
         return hidden
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
@@ -274,7 +290,7 @@ class TargetFeatures:
         return self._compute(self.tokens[rows])
 
 
-def features_cache_file(target_folder: str, taps: tuple[int, ...], tokens: torch.Tensor) -> Path:
+def features_cache_file(target_folder: str, taps: tuple[int, ...], tokens: torch.Tensor, final: bool = False) -> Path:
     """Where `--cache-features` keeps a dataset's target features: named by a hash of the target's
     weights and config, the taps and the packed tokens ($DFLASH_TRT_CACHE_DIR, default ~/.cache/dflash_trt)."""
     digest = hashlib.sha256()
@@ -284,7 +300,7 @@ def features_cache_file(target_folder: str, taps: tuple[int, ...], tokens: torch
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 24), b""):
                 digest.update(block)
-    digest.update(json.dumps(list(taps)).encode())
+    digest.update(json.dumps(list(taps) + (["final"] if final else [])).encode())
     digest.update(str(tuple(tokens.shape)).encode())
     digest.update(tokens.to(torch.int64).contiguous().numpy().tobytes())
     from dflash_trt.host_build import cache_home
@@ -298,13 +314,16 @@ def _loop(cfg, target, draft, optimizer, tokens, loss_mask, step, state_dir, pro
     """The optimisation loop: batch -> target taps -> blocks -> drafter -> decayed CE. Training rows are
     the first `train_count`; `eval_rows` give the chain-simulated τ at each save and at the end."""
     taps = tuple(draft.config.target_layer_ids)
-    cache_file = features_cache_file(cfg.target, taps, tokens) if cfg.cache_features else None
-    features = TargetFeatures(target, tokens, taps, budget_bytes=cfg.feature_memory_gb * 1e9, cache_file=cache_file)
+    distill = cfg.distill_temperature is not None
+    cache_file = features_cache_file(cfg.target, taps, tokens, distill) if cfg.cache_features else None
+    features = TargetFeatures(target, tokens, taps, budget_bytes=cfg.feature_memory_gb * 1e9, cache_file=cache_file,
+                              final=distill)
+    width = len(taps) * target.config.dims.hidden_size  # the taps' columns of a feature row
 
     def chain_tau() -> float:
         draft.eval()
-        tau = chain_acceptance_length(draft, target, features, tokens, loss_mask, eval_rows, cfg.block_size,
-                                      cfg.seq_len)[0]
+        tau = chain_acceptance_length(draft, target, lambda rows: features(rows)[..., :width], tokens, loss_mask,
+                                      eval_rows, cfg.block_size, cfg.seq_len)[0]
         draft.train()
         return tau
 
@@ -314,11 +333,16 @@ def _loop(cfg, target, draft, optimizer, tokens, loss_mask, step, state_dir, pro
         g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         rows = torch.randint(0, train_count, (cfg.batch_size,), generator=g)
         batch_tokens, batch_mask = tokens[rows], loss_mask[rows]
-        target_hidden = features(rows)
+        rows_features = features(rows)
+        target_hidden = rows_features[..., :width]
         blocks = sample_blocks(batch_tokens, batch_mask, cfg.num_anchors, cfg.block_size,
                                draft.config.mask_token_id, cfg.gamma, g)
         logits = draft_training_logits(draft, target, target_hidden, blocks)
         loss, accuracy = block_loss(logits, blocks)
+        if distill:
+            teacher = target_block_logits(rows_features[..., width:], target.lm_head, blocks)
+            kd = distill_loss(logits, teacher, blocks, cfg.distill_temperature)
+            loss = cfg.distill_weight * kd + (1 - cfg.distill_weight) * loss
         for group in optimizer.param_groups:
             group["lr"] = cosine_lr(step, cfg.steps, cfg.lr)
         optimizer.zero_grad(set_to_none=True)
