@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 
 from dflash_trt.decoding.batch import pad_prompts
+from dflash_trt.decoding.decode import merge_context
 from dflash_trt.decoding.verify import verify_lazily
 from dflash_trt.kernels import sample_tokens, verify_block  # the one switch: CUDA kernel / C++ twin / torch
 from dflash_trt.model.draft import DFlashDraft
@@ -94,6 +95,9 @@ class TorchDraftRunner:
     def append_context(self, slots, taps, positions, valid) -> None:
         """Deferred: the next `propose` over the same slots stores it in its own pass (one projection
         per layer for context and block); any other call order stores it first."""
+        if self.pending is not None and torch.equal(self.pending[0], slots):  # after an AR step: one pass for both
+            self.pending = merge_context(self.pending, (slots, taps, positions, valid))
+            return
         self.draft.take_context(self.pending, self.cache, None)
         self.pending = (slots, taps, positions, valid)
 
