@@ -98,7 +98,8 @@ def train_tokenizer(work: Path, files: list[Path], vocab: int = 4096) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": SPECIALS[0], "pad_token": SPECIALS[0],
         "mask_token": SPECIALS[1], "model_max_length": 1024, "clean_up_tokenization_spaces": False,
-    }, indent=2))
+        "chat_template": CHAT_TEMPLATE,
+    }, indent=2) + "\n")
 
 
 def token_stream(work: Path, files: list[Path]) -> torch.Tensor:
@@ -230,6 +231,12 @@ def _load_target_ckpt(path: Path, model, opt, g: torch.Generator) -> int:
                             "exp_avg_sq": tensors[f"opt.{name}.exp_avg_sq"]}
     g.set_state(tensors["rng"])
     return step
+
+
+# role-tagged turns, so chat clients (the OpenAI endpoint) work with the embedded default; the pair was trained on
+# raw code, so chats are no better than their text
+CHAT_TEMPLATE = ("{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + '\\n' }}"
+                 "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
 
 
 def cut_prompts(work: Path, files: list[Path], n: int, length: int, seed: int, name: str) -> Path:

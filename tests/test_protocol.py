@@ -133,3 +133,24 @@ def test_a_greedy_only_bundle_refuses_sampled_requests():
         parse_request(_get(input_ids=[5, 6], temperature=0.7), None, 100, 256, limits=greedy)
     assert parse_request(_get(input_ids=[5, 6], temperature=0.0), None, 100, 256, limits=greedy).request.prompt
     assert parse_request(_get(input_ids=[5, 6], temperature=0.7), None, 100, 256).request.params.temperature > 0
+
+
+def test_messages_go_through_the_chat_template_and_are_checked():
+    import json
+
+    from dflash_trt.engine.config import ASSETS
+    from dflash_trt.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(ASSETS / "tiny-qwen3")
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "def f():"}]
+    parsed = parse_request(_get(messages=json.dumps(chat)), tok, 200, 4096)
+    want = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+    assert list(parsed.request.prompt) == list(want["input_ids"] if hasattr(want, "keys") else want)
+    for bad, fragment in ((json.dumps([{"role": "robot", "content": "x"}]), "message 0 must be"),
+                          ("[1, 2", "not JSON"), (json.dumps([]), "non-empty list")):
+        with pytest.raises(RequestError, match=fragment):
+            parse_request(_get(messages=bad), tok, 200, 4096)
+    with pytest.raises(RequestError, match="either messages, text_input or input_ids"):
+        parse_request(_get(messages=json.dumps(chat), text_input="x"), tok, 200, 4096)
+    with pytest.raises(RequestError, match="no tokenizer"):
+        parse_request(_get(messages=json.dumps(chat)), None, 200, 4096)

@@ -18,7 +18,10 @@ import click
                    "generate fields, cancel on disconnect); --no-front exposes Triton's own HTTP server.")
 @click.option("--max-body-bytes", type=click.IntRange(min=1024), default=8 << 20, show_default=True,
               help="The front's largest request body.")
-def serve_command(repository, host, http_port, grpc_port, metrics_port, log_path, front, max_body_bytes):
+@click.option("--openai-port", type=click.IntRange(1, 65535),
+              help="Also serve OpenAI's API (/v1/models, /v1/completions, /v1/chat/completions) on this port; the "
+                   "front's HTTP port serves it too. Model ids are the Triton model names (dflash, dflash_ar).")
+def serve_command(repository, host, http_port, grpc_port, metrics_port, log_path, front, max_body_bytes, openai_port):
     """Start tritonserver (system install or the nvidia-pytriton binary), wait until ready, keep it serving
     (a dead server or model process is restarted, with back-off), stop on Ctrl-C or SIGTERM."""
     import signal
@@ -38,17 +41,21 @@ def serve_command(repository, host, http_port, grpc_port, metrics_port, log_path
                    "ignored", err=True)
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    if openai_port is not None and not front:
+        raise click.UsageError("--openai-port is served by the front: drop --no-front")
     with server:
-        http = _start_front(server, host, http_port, max_body_bytes) if front else None
+        fronts = [_start_front(server, host, port, max_body_bytes)
+                  for port in ([http_port] + ([openai_port] if openai_port else []) if front else [])]
         try:
-            click.echo(f"ready: grpc {server.grpc_url}  http {host}:{http_port}  metrics {host}:{metrics_port}  "
+            openai = f"  openai http://{host}:{openai_port}/v1" if openai_port else ""
+            click.echo(f"ready: grpc {server.grpc_url}  http {host}:{http_port}  metrics {host}:{metrics_port}{openai}  "
                        "(Ctrl-C stops)")
             supervisor = Supervisor(server, on_event=lambda message: click.echo(f"supervisor: {message}", err=True))
             supervisor.watch(stopped)  # restarts a dead server or model process, boundedly; raises past the budget
         except KeyboardInterrupt:
             pass
         finally:
-            if http is not None:
+            for http in fronts:
                 http.stop()
         click.echo("stopping tritonserver")
 

@@ -73,12 +73,13 @@ class BodyGuard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        openai = scope.get("path", "").startswith("/v1/")  # OpenAI's error shape on its endpoints
         declared = headers.get("content-length", "0")
         too_large = f"the body is larger than {self.limits.max_body_bytes} bytes"
         if not declared.isdigit():
-            return await _error(send, 400, "Content-Length is not a number")
+            return await _error(send, 400, "Content-Length is not a number", openai)
         if int(declared) > self.limits.max_body_bytes:
-            return await _error(send, 413, too_large) if await _drain(receive, int(declared)) else None
+            return await _error(send, 413, too_large, openai) if await _drain(receive, int(declared)) else None
         body, more = b"", True
         while more:
             message = await receive()
@@ -87,10 +88,10 @@ class BodyGuard:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.limits.max_body_bytes:
-                return await _error(send, 413, too_large) if not more or await _drain(receive, 0) else None
+                return await _error(send, 413, too_large, openai) if not more or await _drain(receive, 0) else None
         problem = self._problem(body, headers, scope)
         if problem:
-            return await _error(send, 400, problem)
+            return await _error(send, 400, problem, openai)
         replayed = False
 
         async def replay():
@@ -135,8 +136,9 @@ async def _drain(receive, declared: int) -> bool:
     return False
 
 
-async def _error(send, status: int, message: str) -> None:
-    payload = json.dumps({"error": message}).encode()
+async def _error(send, status: int, message: str, openai: bool = False) -> None:
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": None} if openai else message
+    payload = json.dumps({"error": error}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
     await send({"type": "http.response.body", "body": payload})

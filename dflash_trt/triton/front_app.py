@@ -2,6 +2,7 @@
 
     POST /v2/models/<dflash model>/generate          strict body -> gRPC stream -> one JSON response
     POST /v2/models/<dflash model>/generate_stream   strict body -> gRPC stream -> server-sent events
+    GET /v1/models, POST /v1/completions, /v1/chat/completions   OpenAI's API (triton/openai_api.py)
     anything else                                    passed through to Triton's private HTTP port
 
 `Front` runs the app with uvicorn in a thread beside the supervisor; it binds 127.0.0.1 unless told.
@@ -26,6 +27,7 @@ from dflash_trt.triton.front import (
     refusal,
 )
 from dflash_trt.triton.http_inputs import generate_inputs
+from dflash_trt.triton.openai_api import OpenAIError, Reply, model_inputs
 
 
 def _sse(payload: dict) -> bytes:
@@ -37,6 +39,11 @@ def _json(payload: dict, status: int = 200):
     from starlette.responses import Response
 
     return Response(json.dumps(payload, separators=(",", ":")), status, media_type="application/json")
+
+
+def _output_text(result) -> str:
+    array = result.as_numpy("text_output")
+    return b"".join(array.reshape(-1).tolist()).decode("utf-8", errors="replace") if array is not None else ""
 
 
 async def _client_gone(request) -> None:
@@ -145,8 +152,88 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    async def openai_models(request):
+        created = int(time.time())
+        return _json({"object": "list", "data": [{"id": m, "object": "model", "created": created,
+                                                  "owned_by": "dflash-trt"} for m in sorted(models)]})
+
+    async def openai_call(request, chat: bool):
+        state = request.scope.get("state", {})
+        try:
+            body = state[JSON_BODY] if JSON_BODY in state else json.loads(await request.body() or b"null")
+            model, arrays, stream, include_usage = model_inputs(body, chat, models)
+        except OpenAIError as exc:
+            return _json(exc.body(), exc.status)
+        reply = Reply(model, chat)
+        iterator, cancel = grpc.responses(model, arrays)
+        outcome = await raced(request, until_final(iterator, model, stop_after_first=True), cancel)
+        if outcome is None:
+            cancel()
+            return Response(status_code=499)
+        first, refused = outcome
+        if refused is not None:  # Triton refused it (the model's own checks): OpenAI's shape, same status
+            cancel()
+            message = json.loads(refused.body)["error"]
+            return _json(OpenAIError(message, refused.status_code).body(), refused.status_code)
+        if not stream:
+            async def rest() -> tuple:
+                text, current = [], first
+                while True:
+                    text.append(_output_text(current))
+                    if is_final(current, None):
+                        return "".join(text), current, None
+                    current, error = await iterator.__anext__()
+                    if error is not None:
+                        return None, None, error.message()
+            done = await raced(request, rest(), cancel)
+            cancel()
+            if done is None:
+                return Response(status_code=499)
+            text, final, error = done
+            if error is not None:
+                return _json(OpenAIError(error).body(), 400)
+            return _json(reply.full(text, final))
+
+        async def events():
+            try:
+                current, opened = first, False
+                while True:
+                    delta = _output_text(current)
+                    if chat and not opened:
+                        yield _sse(reply.chunk(delta, first=True))
+                        opened = True
+                    elif delta:
+                        yield _sse(reply.chunk(delta))
+                    if is_final(current, None):
+                        from dflash_trt.triton.openai_api import finish_reason
+
+                        yield _sse(reply.chunk(None if chat else "", finish_reason(current)))
+                        if include_usage:
+                            yield _sse(reply.usage_chunk(current))
+                        yield b"data: [DONE]\n\n"
+                        return
+                    current, error = await iterator.__anext__()
+                    if error is not None:
+                        yield _sse(OpenAIError(error.message()).body())
+                        return
+            except Exception as exc:  # noqa: BLE001 - the server went away mid-stream
+                yield _sse(OpenAIError(refusal(exc)[1], 503).body())
+            finally:
+                cancel()
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def completions(request):
+        return await openai_call(request, chat=False)
+
+    async def chat_completions(request):
+        return await openai_call(request, chat=True)
+
     methods = ["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"]
     routes = [
+        Route("/v1/models", openai_models, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v2/models/{model}/generate", generate, methods=["POST"]),
         Route("/v2/models/{model}/generate_stream", generate_stream, methods=["POST"]),
         Route("/v2/models/{model}/versions/{version}/generate", generate, methods=["POST"]),

@@ -32,6 +32,7 @@ FIELDS = {
     "stop_token_ids": ("int_list", (0, INT32[1]), "INT32", np.int32),
     "chat": ("bool", None, "BOOL", np.bool_),
     "ignore_eos": ("bool", None, "BOOL", np.bool_),
+    "messages": ("str", None, "BYTES", np.object_),
 }
 IGNORED = ("id",)  # KServe's request id: accepted, not an input
 

@@ -109,9 +109,11 @@ class ResponseStream:
     emitter thread. A failed send or a client cancellation (polled after each send) sets `cancelled`,
     which the scheduler reads without any IPC."""
 
-    def __init__(self, pb, sender, stream: bool, text: TextStream | None, emitter: Emitter, poll_cancelled=None):
+    def __init__(self, pb, sender, stream: bool, text: TextStream | None, emitter: Emitter, poll_cancelled=None,
+                 prompt_tokens: int = 0):
         self.pb, self.sender, self.stream, self.text = pb, sender, stream, text
         self.emitter, self.poll_cancelled = emitter, poll_cancelled
+        self.prompt_tokens = prompt_tokens
         self.cancelled = False
 
     def is_cancelled(self) -> bool:
@@ -155,6 +157,7 @@ class ResponseStream:
             pb.Tensor("output_ids", np.array(ids, dtype=np.int32)),
             pb.Tensor("finish_reason", np.array([(result.finish_reason if result else "").encode()], dtype=np.object_)),
             pb.Tensor("num_output_tokens", np.array([len(result.tokens) if result else 0], dtype=np.int32)),
+            pb.Tensor("num_prompt_tokens", np.array([self.prompt_tokens], dtype=np.int32)),
             pb.Tensor("verify_steps", np.array([len(lengths)], dtype=np.int32)),
             pb.Tensor("mean_acceptance_length",
                       np.array([sum(lengths) / len(lengths) if lengths else 0.0], dtype=np.float32)),
@@ -212,7 +215,8 @@ class Orchestrator:
             text = None
             if self.tokenizer is not None:
                 text = TextStream(self.detokenize, parsed.request.stop.stop_strings)
-            sink = ResponseStream(pb, sender, parsed.stream, text, self.emitter, _cancel_check(request, sender))
+            sink = ResponseStream(pb, sender, parsed.stream, text, self.emitter, _cancel_check(request, sender),
+                                  len(parsed.request.prompt))
             self.service.submit(parsed.request, sink, is_cancelled=sink.is_cancelled)
         except (DFlashTrtError, ValueError) as exc:
             message = exc.format_message() if isinstance(exc, DFlashTrtError) else str(exc)

@@ -11,6 +11,7 @@ check, not seconds of the model thread), and stop words are limited in number an
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,12 +36,14 @@ INPUTS = [
     ("stop_token_ids", "TYPE_INT32", [-1]),
     ("chat", "TYPE_BOOL", [1]),
     ("ignore_eos", "TYPE_BOOL", [1]),
+    ("messages", "TYPE_STRING", [1]),  # a chat as JSON [{"role", "content"}]: the tokenizer's chat template
 ]
 OUTPUTS = [
     ("text_output", "TYPE_STRING", [1]),  # streaming: the new text of this response; else the full text
     ("output_ids", "TYPE_INT32", [-1]),  # streaming: the new tokens; else all generated tokens
     ("finish_reason", "TYPE_STRING", [1]),  # "" until the final response: stop | length | cancelled
     ("num_output_tokens", "TYPE_INT32", [1]),
+    ("num_prompt_tokens", "TYPE_INT32", [1]),
     ("verify_steps", "TYPE_INT32", [1]),
     ("mean_acceptance_length", "TYPE_FP32", [1]),
     ("acceptance_lengths", "TYPE_INT32", [-1]),  # tokens committed per verify step (final response)
@@ -111,7 +114,45 @@ def _utf8(item, name: str) -> str:
         raise RequestError(f"input '{name}': not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
 
 
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def _chat_prompt(raw, tokenizer, max_seq_len: int, limits: RequestLimits) -> list[int]:
+    """Token ids of a chat (`messages`: JSON [{"role": ..., "content": ...}]) through the chat template."""
+    size = len(raw) if isinstance(raw, bytes) else len(str(raw).encode("utf-8"))
+    if limits.max_prompt_bytes is not None and size > limits.max_prompt_bytes + 64 * 1024:
+        raise RequestError(f"input 'messages': {size} bytes is more than this bundle's longest prompt can hold")
+    try:
+        messages = json.loads(_utf8(raw, "messages"))
+    except json.JSONDecodeError as exc:
+        raise RequestError(f"input 'messages': not JSON ({exc.msg} at {exc.pos})") from None
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("input 'messages': expected a non-empty list of {\"role\", \"content\"} objects")
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in CHAT_ROLES
+                and isinstance(m["content"], str)):
+            raise RequestError(f"input 'messages': message {i} must be {{\"role\": one of {', '.join(CHAT_ROLES)}, "
+                               "\"content\": a string}")
+    if tokenizer is None:
+        raise RequestError("input 'messages': this bundle has no tokenizer; send 'input_ids'")
+    if not getattr(tokenizer, "chat_template", None):
+        raise RequestError("input 'messages': this bundle's tokenizer has no chat template; send 'text_input'")
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    if len(ids) >= max_seq_len:
+        raise RequestError(f"the prompt has {len(ids)} tokens; this bundle allows at most {max_seq_len - 1}")
+    return ids
+
+
 def _prompt(get: Callable, tokenizer, chat: bool, max_seq_len: int, limits: RequestLimits) -> list[int]:
+    messages = get("messages")
+    if messages is not None:
+        if get("text_input") is not None or get("input_ids") is not None:
+            raise RequestError("input 'messages': send either messages, text_input or input_ids")
+        flat = np.asarray(messages, dtype=object).reshape(-1)
+        if flat.size != 1:
+            raise RequestError(f"input 'messages': expected one JSON string, got {flat.size}")
+        return _chat_prompt(flat[0], tokenizer, max_seq_len, limits)
     ids = get("input_ids")
     if ids is not None:
         flat = np.asarray(ids).reshape(-1)
