@@ -92,3 +92,23 @@ def test_what_the_server_cannot_honour_is_refused_in_openai_s_shape(client, kwar
         client.completions.create(**kwargs)
     assert caught.value.status_code == status and fragment in caught.value.message
     assert isinstance(caught.value.body, dict) and "message" in caught.value.body
+
+
+def test_generate_names_a_wrong_port_or_protocol_in_one_line(served):
+    """gRPC at the HTTP port, HTTP at the gRPC port, a closed port: one line each, no traceback."""
+    from click.testing import CliRunner
+
+    from dflash_trt.cli import cli
+    from dflash_trt.triton.server import free_port
+
+    server = served[0]
+    cases = [(["--url", server.url], "no Triton gRPC server"),  # the HTTP port, spoken to over gRPC
+             (["--url", server.grpc_url, "--protocol", "http"], "no Triton HTTP server"),
+             (["--url", f"127.0.0.1:{free_port()}"], "no Triton gRPC server")]
+    for args, fragment in cases:
+        result = CliRunner().invoke(cli, ["generate", *args, "--prompt", "x", "--max-new-tokens", "4"])
+        assert result.exit_code == 1 and fragment in result.output, result.output
+        assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    local = CliRunner().invoke(cli, ["generate", "--prompt", "x", "--max-new-tokens", "100000"])
+    assert local.exit_code == 2 and "max_position_embeddings" in local.output
+    assert CliRunner().invoke(cli, ["generate", "--prompt", "x", "--device", "tpu"]).exit_code == 1

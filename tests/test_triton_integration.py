@@ -223,3 +223,23 @@ def test_served_bench_sweeps_both_models_and_writes_schema_and_plots(served, tmp
     assert data["dflash_scaling_vs_c1"]["1"] == 1.0
     _png_ok(out / "pareto.png")
     _png_ok(out / "acceptance_histogram.png")
+
+
+def test_served_bench_takes_text_prompts(served, tmp_path):
+    """`bench --url --prompts FILE` with text lines: the server tokenizes them (no tokenizer in served mode)."""
+    from click.testing import CliRunner
+
+    from dflash_trt.cli import cli
+
+    server, _, _ = served
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"text": "def main():\n"}) + "\n" + json.dumps({"text": "import sys\n"}) + "\n")
+    result = CliRunner().invoke(cli, ["bench", "--url", server.grpc_url, "--prompts", str(prompts), "--concurrency", "1",
+                                      "--num-prompts", "2", "--max-new-tokens", "8", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    points = json.loads((tmp_path / "b" / "results.json").read_text())["points"]
+    assert all(p["output_tokens"] == 2 * 8 for p in points)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{\"txt\": 1}\n")
+    result = CliRunner().invoke(cli, ["bench", "--url", server.grpc_url, "--prompts", str(bad), "--concurrency", "1"])
+    assert result.exit_code == 1 and "bad.jsonl:1" in result.output and "Traceback" not in result.output

@@ -54,20 +54,32 @@ class BlockResult:
                     "speedup": self.speedup}
 
 
-def load_prompts(path: str | Path | None, tokenizer, limit: int | None) -> list[list[int]]:
-    """Prompts from a JSONL file (`token_ids` or `text` per line), default: the shipped held-out set."""
+def load_prompts(path: str | Path | None, tokenizer, limit: int | None, served: bool = False) -> list:
+    """Prompts from a JSONL file (`token_ids` or `text` per line), default: the shipped held-out set. Text is
+    tokenized with `tokenizer`, or kept as text when `served` (the server tokenizes it)."""
     from dflash_trt.engine.golden import HELDOUT
+    from dflash_trt.errors import ConfigError
 
     path = Path(path) if path else HELDOUT
     prompts = []
-    for line in path.read_text().splitlines():
+    for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
-        record = json.loads(line)
-        if "token_ids" in record:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{n}: not JSON ({exc.msg})") from None
+        if isinstance(record, dict) and isinstance(record.get("token_ids"), list):
             prompts.append([int(t) for t in record["token_ids"]])
+        elif isinstance(record, dict) and isinstance(record.get("text"), str):
+            if served:
+                prompts.append(record["text"])
+            elif tokenizer is None:
+                raise ConfigError(f"{path}:{n}: a text prompt, but the target has no tokenizer; give token_ids")
+            else:
+                prompts.append(tokenizer.encode(record["text"], add_special_tokens=False))
         else:
-            prompts.append(tokenizer.encode(record["text"], add_special_tokens=False))
+            raise ConfigError(f"{path}:{n}: expected an object with 'token_ids' (a list) or 'text' (a string)")
     return prompts[:limit] if limit else prompts
 
 

@@ -95,7 +95,7 @@ def _compare_reference(pair, prompts, block_sizes, max_new_tokens, adaptive_cost
 def run_served(url, prompts_path, num_prompts, levels, max_new_tokens, sampling, out_dir):
     from rich.progress import Progress
 
-    prompts = load_prompts(prompts_path, None, num_prompts) if prompts_path else load_prompts(None, None, num_prompts)
+    prompts = load_prompts(prompts_path, None, num_prompts, served=True)
     with Progress(transient=True) as progress:
         def factory(name, total):
             task = progress.add_task(name, total=total)

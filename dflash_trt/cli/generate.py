@@ -75,6 +75,11 @@ def generate_command(target_dir, draft_dir, url, protocol, prompt, prompt_ids, c
     pair = apply_draft_vocab(load_pair(_model_dir(target_dir), _model_dir(draft_dir), dtype, device), draft_vocab)
     request = report.build_request(pair, prompt, prompt_ids, chat, temperature, top_k, top_p, seed,
                                    max_new_tokens, stop_strings)
+    positions = pair.target.config.dims.max_position_embeddings
+    if len(request.prompt) + max_new_tokens > positions:
+        raise click.UsageError(f"--max-new-tokens {max_new_tokens}: the prompt ({len(request.prompt)} tokens) plus "
+                               f"that exceeds the target's {positions} positions (max_position_embeddings); ask for "
+                               f"at most {max(positions - len(request.prompt), 0)}")
     stream = None if as_json or pair.tokenizer is None else report.TextStreamer(pair)
     if draft_confidence is None:
         draft_confidence = default_draft_confidence(pair.target.lm_head.weight.device)

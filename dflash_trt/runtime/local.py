@@ -52,6 +52,8 @@ def resolve_device(device: str) -> torch.device:
         return torch.device("cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"--device {device}: this torch build has no CUDA device; use --device cpu")
+    if not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise ConfigError(f"--device {device!r}: expected auto, cpu, cuda or cuda:N")
     return torch.device(device)
 
 

@@ -5,6 +5,7 @@ Both return the same `ServedResult`, so tests and `dflash-trt generate --url` co
 
 from __future__ import annotations
 
+import http.client
 import json
 import queue
 import time
@@ -99,15 +100,29 @@ def grpc_generate(url: str, inputs: dict, on_text=None, timeout: float = 300.0, 
         import tritonclient.grpc as grpcclient
     except ImportError:
         raise MissingDependencyError("tritonclient is not installed: pip install 'dflash-trt[serve]'") from None
-    client = grpcclient.InferenceServerClient(url)
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        client = grpcclient.InferenceServerClient(url)
+    except InferenceServerException as exc:
+        raise RequestError(f"--url {url}: not a gRPC address ({exc.message()})") from None
     responses: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     result, t0 = ServedResult(), time.perf_counter()
     try:
-        client.async_stream_infer(model, _grpc_inputs(grpcclient, inputs), request_id=uuid.uuid4().hex,
-                                  enable_empty_final_response=True)
+        try:
+            client.async_stream_infer(model, _grpc_inputs(grpcclient, inputs), request_id=uuid.uuid4().hex,
+                                      enable_empty_final_response=True)
+        except InferenceServerException:  # the stream died: the callback has the reason
+            _, error = responses.get(timeout=5) if not responses.empty() else (None, None)
+            raise RequestError(unreachable(url, "gRPC", error.message() if error is not None else "stream closed"))
         while True:
-            response, error = responses.get(timeout=timeout)
+            try:
+                response, error = responses.get(timeout=timeout)
+            except queue.Empty:
+                raise RequestError(f"{url}: no response within {timeout:.0f} s") from None
+            if error is not None and _is_transport(error):
+                raise RequestError(unreachable(url, "gRPC", error.message()))
             if error is not None:
                 raise RequestError(f"server: {error.message() if hasattr(error, 'message') else error}")
             before = len(result.text)
@@ -126,6 +141,18 @@ def grpc_generate(url: str, inputs: dict, on_text=None, timeout: float = 300.0, 
     return result
 
 
+def _is_transport(error) -> bool:
+    status = str(getattr(error, "status", lambda: "")() or "")
+    return "UNAVAILABLE" in status or "Connection refused" in error.message() or "Socket closed" in error.message()
+
+
+def unreachable(url: str, protocol: str, detail: str) -> str:
+    """One line for a server that is not there, or speaks the other protocol."""
+    other = "--protocol http (the HTTP port, 8000)" if protocol == "gRPC" else "--protocol grpc (the gRPC port, 8001)"
+    return (f"{url}: no Triton {protocol} server answers there ({detail.splitlines()[0][:160]}); is `dflash-trt serve` "
+            f"running, and is this its {protocol} port? For the other port use {other}")
+
+
 def _post(url: str, path: str, body: dict, timeout: float):
     request = urllib.request.Request(f"http://{url}{path}", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
@@ -134,6 +161,9 @@ def _post(url: str, path: str, body: dict, timeout: float):
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")
         raise RequestError(f"server: HTTP {exc.code}: {detail}") from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:  # refused, reset, a gRPC port (HTTP/2)
+        detail = str(getattr(exc, "reason", "")) or type(exc).__name__
+        raise RequestError(unreachable(url, "HTTP", detail)) from None
 
 
 def _json_get(payload: dict):
