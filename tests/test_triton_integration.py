@@ -183,6 +183,24 @@ def test_metrics_report_acceptance_and_step_times(served):
     assert _metric(server, "dflash_draft_step_seconds_sum") > 0
 
 
+def test_speculative_decoding_counters_follow_vllms_names(served):
+    """dflash_spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens / _per_pos{position}, as
+    vLLM's vllm:spec_decode_* (a counter per draft position: the shares of the acceptance curve)."""
+    server, _, manifest = served
+    names = ("dflash_spec_decode_num_drafts{", "dflash_spec_decode_num_draft_tokens{",
+             "dflash_spec_decode_num_accepted_tokens{", 'dflash_spec_decode_num_accepted_tokens_per_pos{model="dflash",position="1"}')
+    before = {n: _metric(server, n) for n in names}
+    result = grpc_generate(server.grpc_url, request_inputs(PROMPTS[1], max_tokens=48, ignore_eos=True))
+    time.sleep(0.5)  # metric updates go through the emitter thread
+    delta = {n: _metric(server, n) - before[n] for n in names}
+    steps = len(result.acceptance_lengths)
+    assert steps - 1 <= delta[names[0]] <= steps  # the last step may be cut by max_tokens before it drafts
+    assert delta[names[1]] >= delta[names[0]]  # at least one draft per drafted step
+    kept_drafts = sum(result.acceptance_lengths) - steps
+    assert kept_drafts <= delta[names[2]] <= delta[names[1]]  # stops may drop accepted drafts, never add
+    assert 0 < delta[names[3]] <= delta[names[0]]  # position 1 accepted at most once per step
+
+
 def test_stop_words_cut_text_and_stream_never_takes_text_back(served):
     server, pair, _ = served
     base = grpc_generate(server.grpc_url, request_inputs(PROMPTS[0], max_tokens=40))

@@ -50,6 +50,8 @@ class StepStats:
     committed: list[int]  # tokens committed per running row this step
     running: int = 0  # requests holding a slot after the step
     waiting: int = 0  # requests queued for a slot
+    drafts: int = 0  # draft tokens proposed per row this step (K; 0 for an AR step)
+    accepted: list[int] = field(default_factory=list)  # drafts accepted per row (before stops)
 
 
 Sink = Callable[[Event], None]
@@ -114,6 +116,7 @@ class Scheduler:
         self.wakeup = threading.Condition()
         self.stopping = False
         self._admitting: list[Sequence] = []  # popped from waiting, not yet running (for failures)
+        self._last_drafts: tuple[int, list[int]] = (0, [])  # the last decode step's K and accepted drafts
 
     # --- requests ------------------------------------------------------------------------------
     def check(self, request: Request) -> None:
@@ -164,6 +167,7 @@ class Scheduler:
             admitted = self._admit()
             t1 = time.perf_counter()
             draft_s, verify_s, committed = self._decode() if self.running else (0.0, 0.0, [])
+            drafts, accepted = self._last_drafts if self.running or committed else (0, [])
         except Exception as exc:  # noqa: BLE001 - report to the affected requests, keep serving
             log.exception("decode step failed")
             self._fail_running(f"internal error in the decode step: {exc!r}")
@@ -171,7 +175,7 @@ class Scheduler:
         if self.on_step is not None:
             try:
                 self.on_step(StepStats(len(committed), admitted, t1 - t0, draft_s, verify_s, committed,
-                                       len(self.running), len(self.waiting)))
+                                       len(self.running), len(self.waiting), drafts, accepted))
             except Exception:  # noqa: BLE001 - metrics must never stop decoding
                 log.exception("on_step callback failed")
 
@@ -286,6 +290,7 @@ class Scheduler:
         if self.measured is not None:
             self.measured.update(bands, accepted.tolist(), width, t2 - t0)
         committed = accepted + 1
+        self._last_drafts = (drafts.shape[1], accepted.tolist())
         new_start = start + committed
         self.target.commit(slots, new_start)
         if self.draft is not None:

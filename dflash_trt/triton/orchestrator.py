@@ -42,6 +42,12 @@ class Metrics:
             "waiting": fam("dflash_requests_waiting", "Requests queued for a slot", fam.GAUGE),
             "restarts": fam("dflash_server_restarts_total", "Times `dflash-trt serve` restarted the server",
                             fam.COUNTER),
+            # vLLM's speculative-decoding counters (vllm:spec_decode_*), under our prefix
+            "drafts": fam("dflash_spec_decode_num_drafts", "Verify steps of a request that carried drafts", fam.COUNTER),
+            "draft_tokens": fam("dflash_spec_decode_num_draft_tokens", "Draft tokens proposed", fam.COUNTER),
+            "accepted": fam("dflash_spec_decode_num_accepted_tokens", "Draft tokens accepted", fam.COUNTER),
+            "per_pos": fam("dflash_spec_decode_num_accepted_tokens_per_pos",
+                           "Draft tokens accepted at each draft position (1 = the first draft)", fam.COUNTER),
         }
         lengths = [float(i) for i in range(1, block_size + 1)]
         self.acceptance = self.families["acceptance"].Metric(labels=labels, buckets=lengths)
@@ -53,11 +59,17 @@ class Metrics:
         self.waiting = self.families["waiting"].Metric(labels=labels)
         self.restarts = self.families["restarts"].Metric(labels=labels)
         self.restarts.increment(float(os.environ.get("DFLASH_TRT_SERVER_RESTARTS") or 0))  # set by the supervisor
+        self.drafts = self.families["drafts"].Metric(labels=labels)
+        self.draft_tokens = self.families["draft_tokens"].Metric(labels=labels)
+        self.accepted = self.families["accepted"].Metric(labels=labels)
+        self.per_pos = [self.families["per_pos"].Metric(labels={**labels, "position": str(i)})
+                        for i in range(1, block_size)]
 
     def release(self) -> None:
         """Drop every Metric, then the families: a family must outlive its metrics, and both must go
         while the stub is still connected (not at interpreter exit)."""
-        for name in ("acceptance", "draft_s", "verify_s", "tokens", "batch", "running", "waiting", "restarts"):
+        for name in ("acceptance", "draft_s", "verify_s", "tokens", "batch", "running", "waiting", "restarts",
+                     "drafts", "draft_tokens", "accepted", "per_pos"):
             setattr(self, name, None)
         self.families.clear()
 
@@ -73,6 +85,14 @@ class Metrics:
             if n:
                 self.acceptance.observe(float(n))
         self.tokens.increment(float(sum(step.committed) + step.admitted))
+        if step.drafts:
+            self.drafts.increment(float(len(step.accepted)))
+            self.draft_tokens.increment(float(step.drafts * len(step.accepted)))
+            self.accepted.increment(float(sum(step.accepted)))
+            for i, metric in enumerate(self.per_pos[: step.drafts], start=1):
+                hits = sum(a >= i for a in step.accepted)
+                if hits:
+                    metric.increment(float(hits))
 
 
 log = logging.getLogger(__name__)
