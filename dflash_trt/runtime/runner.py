@@ -65,6 +65,10 @@ class TorchTargetRunner:
     @torch.inference_mode()
     def verify(self, slots: torch.Tensor, blocks: torch.Tensor, start: torch.Tensor, sampling: Sampling):
         positions = start[:, None] + torch.arange(blocks.shape[1], device=self.device)[None, :]
+        if blocks.shape[1] == 1:  # an AR step: the token at start + 1 by the sampling rule (verify_block's row 0)
+            logits, taps = self.target(blocks, positions, self.cache, slots, self.tap_layers)
+            tokens = sample_tokens(logits[:, 0], start + 1, *sampling)[:, None]
+            return tokens, torch.zeros(blocks.shape[0], dtype=torch.int64, device=self.device), taps
         if self.device.type == "cpu":  # lm_head only as far as drafts still match (see verify_lazily)
             hidden, taps = self.target(blocks, positions, self.cache, slots, self.tap_layers, head=False)
             tokens, accepted = verify_lazily(hidden, self.target.lm_head, blocks[:, 1:], start, *sampling,
