@@ -201,6 +201,23 @@ def test_speculative_decoding_counters_follow_vllms_names(served):
     assert 0 < delta[names[3]] <= delta[names[0]]  # position 1 accepted at most once per step
 
 
+def test_refused_requests_count_as_failures_and_finished_ones_by_reason(served):
+    """Triton counts a decoupled model's error response as a success; dflash_request_failure_total does not."""
+    server, _, _ = served
+    refused = 'dflash_request_failure_total{model="dflash",reason="refused"}'
+    length = 'dflash_request_success_total{finished_reason="length",model="dflash"}'
+    before = {n: _metric(server, n) for n in (refused, length)}
+    with pytest.raises(RequestError, match="top_p"):
+        grpc_generate(server.grpc_url, request_inputs("x", max_tokens=4, top_p=2.0))
+    grpc_generate(server.grpc_url, request_inputs(PROMPTS[0], max_tokens=6, ignore_eos=True))
+    deadline = time.time() + 10
+    while time.time() < deadline and (_metric(server, refused) - before[refused] < 1
+                                      or _metric(server, length) - before[length] < 1):
+        time.sleep(0.1)
+    assert _metric(server, refused) - before[refused] == 1
+    assert _metric(server, length) - before[length] == 1
+
+
 def test_stop_words_cut_text_and_stream_never_takes_text_back(served):
     server, pair, _ = served
     base = grpc_generate(server.grpc_url, request_inputs(PROMPTS[0], max_tokens=40))

@@ -48,6 +48,11 @@ class Metrics:
             "accepted": fam("dflash_spec_decode_num_accepted_tokens", "Draft tokens accepted", fam.COUNTER),
             "per_pos": fam("dflash_spec_decode_num_accepted_tokens_per_pos",
                            "Draft tokens accepted at each draft position (1 = the first draft)", fam.COUNTER),
+            # vLLM's request_success_total{finished_reason}; and the failures Triton's own counters miss
+            # (a decoupled model's error response counts as a success there)
+            "success": fam("dflash_request_success_total", "Requests finished, by finish reason", fam.COUNTER),
+            "failure": fam("dflash_request_failure_total", "Requests refused (bad input) or failed while decoding",
+                           fam.COUNTER),
         }
         lengths = [float(i) for i in range(1, block_size + 1)]
         self.acceptance = self.families["acceptance"].Metric(labels=labels, buckets=lengths)
@@ -64,14 +69,24 @@ class Metrics:
         self.accepted = self.families["accepted"].Metric(labels=labels)
         self.per_pos = [self.families["per_pos"].Metric(labels={**labels, "position": str(i)})
                         for i in range(1, block_size)]
+        self.outcomes = {**{("success", r): self.families["success"].Metric(labels={**labels, "finished_reason": r})
+                            for r in ("stop", "length", "cancelled")},
+                         **{("failure", r): self.families["failure"].Metric(labels={**labels, "reason": r})
+                            for r in ("refused", "error")}}
 
     def release(self) -> None:
         """Drop every Metric, then the families: a family must outlive its metrics, and both must go
         while the stub is still connected (not at interpreter exit)."""
         for name in ("acceptance", "draft_s", "verify_s", "tokens", "batch", "running", "waiting", "restarts",
-                     "drafts", "draft_tokens", "accepted", "per_pos"):
+                     "drafts", "draft_tokens", "accepted", "per_pos", "outcomes"):
             setattr(self, name, None)
         self.families.clear()
+
+    def on_request(self, kind: str, reason: str) -> None:
+        """One request ended: ("success", stop | length | cancelled) or ("failure", refused | error)."""
+        metric = self.outcomes.get((kind, reason)) if self.outcomes else None
+        if metric is not None:
+            metric.increment(1.0)
 
     def on_step(self, step) -> None:
         self.running.set(float(step.running))
@@ -130,10 +145,11 @@ class ResponseStream:
     which the scheduler reads without any IPC."""
 
     def __init__(self, pb, sender, stream: bool, text: TextStream | None, emitter: Emitter, poll_cancelled=None,
-                 prompt_tokens: int = 0):
+                 prompt_tokens: int = 0, on_done=None):
         self.pb, self.sender, self.stream, self.text = pb, sender, stream, text
         self.emitter, self.poll_cancelled = emitter, poll_cancelled
         self.prompt_tokens = prompt_tokens
+        self.on_done = on_done  # (kind, reason) when the request ends (metrics; on the emitter thread)
         self.cancelled = False
 
     def is_cancelled(self) -> bool:
@@ -155,6 +171,8 @@ class ResponseStream:
         if event.error is not None:
             error = self.pb.InferenceResponse(output_tensors=[], error=self.pb.TritonError(event.error))
             self.sender.send(error, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            if self.on_done is not None:
+                self.on_done("failure", "error")
             return
         if not event.finished:
             if self.stream:
@@ -168,6 +186,8 @@ class ResponseStream:
             text, ids = (self.text.full(result.tokens) if self.text else ""), result.tokens
         final = self._response(text, ids, result, event.stats)
         self.sender.send(final, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if self.on_done is not None:
+            self.on_done("success", result.finish_reason or "stop")
 
     def _response(self, text: str, ids: list[int], result=None, stats=None):
         pb = self.pb
@@ -236,12 +256,13 @@ class Orchestrator:
             if self.tokenizer is not None:
                 text = TextStream(self.detokenize, parsed.request.stop.stop_strings)
             sink = ResponseStream(pb, sender, parsed.stream, text, self.emitter, _cancel_check(request, sender),
-                                  len(parsed.request.prompt))
+                                  len(parsed.request.prompt), self.metrics.on_request)
             self.service.submit(parsed.request, sink, is_cancelled=sink.is_cancelled)
         except (DFlashTrtError, ValueError) as exc:
             message = exc.format_message() if isinstance(exc, DFlashTrtError) else str(exc)
             sender.send(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message)),
                         flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self.emitter.post(lambda: self.metrics.on_request("failure", "refused"))
 
     def finalize(self) -> None:
         self.service.shutdown()
