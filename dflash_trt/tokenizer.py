@@ -38,10 +38,14 @@ def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise CheckpointError("the tokenizer has no chat template; drop --chat")
-        messages = [{"role": "user", "content": text}]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return encode_chat(tokenizer, [{"role": "user", "content": text}])
     return tokenizer.encode(text, add_special_tokens=True)
+
+
+def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a chat through the tokenizer's chat template, ready for the assistant's turn."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
 
 def stop_token_ids(tokenizer, config_eos: tuple[int, ...]) -> frozenset[int]:

@@ -79,13 +79,12 @@ def speculative_generate(
 
     t0 = time.perf_counter()
     pending = None  # last step's committed context: stored by this step's draft pass (see take_context)
-    active_ids = bands_of = bands = None
+    active_ids = None
     while not all(row.done for row in rows):
         if (ids := [r.index for r in rows if not r.done]) != active_ids:  # a row finished (or the first step)
             active_ids, active = ids, torch.tensor(ids, device=device)
             row_params = params.rows(active)
-        if bands_of != active_ids:
-            bands_of, bands = active_ids, [temperature_band(requests[i].params.temperature) for i in active_ids]
+            bands = [temperature_band(requests[i].params.temperature) for i in active_ids]
         if isinstance(width, MeasuredWidth):
             step_width = min(width.width(bands), block_size)
         else:

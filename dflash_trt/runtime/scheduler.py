@@ -116,7 +116,6 @@ class Scheduler:
         self.wakeup = threading.Condition()
         self.stopping = False
         self._admitting: list[Sequence] = []  # popped from waiting, not yet running (for failures)
-        self._last_drafts: tuple[int, list[int]] = (0, [])  # the last decode step's K and accepted drafts
 
     # --- requests ------------------------------------------------------------------------------
     def check(self, request: Request) -> None:
@@ -166,8 +165,7 @@ class Scheduler:
             t0 = time.perf_counter()
             admitted = self._admit()
             t1 = time.perf_counter()
-            draft_s, verify_s, committed = self._decode() if self.running else (0.0, 0.0, [])
-            drafts, accepted = self._last_drafts if self.running or committed else (0, [])
+            draft_s, verify_s, committed, drafts, accepted = self._decode() if self.running else (0.0, 0.0, [], 0, [])
         except Exception as exc:  # noqa: BLE001 - report to the affected requests, keep serving
             log.exception("decode step failed")
             self._fail_running(f"internal error in the decode step: {exc!r}")
@@ -266,7 +264,8 @@ class Scheduler:
             self._finish(seq, cancelled=seq.cancelled and not seq.row.done)
         return kept
 
-    def _decode(self) -> tuple[float, float, list[int]]:
+    def _decode(self) -> tuple[float, float, list[int], int, list[int]]:
+        """One decode step: (draft s, verify s, tokens kept per row, drafts per row K, drafts accepted per row)."""
         # ascending slots: a full batch is one consecutive slot range, whose cache read is a view
         # (any other set is a gather copy of every layer's K/V: 12% of a step at batch 8)
         seqs = [self.running[slot] for slot in sorted(self.running)]
@@ -290,7 +289,6 @@ class Scheduler:
         if self.measured is not None:
             self.measured.update(bands, accepted.tolist(), width, t2 - t0)
         committed = accepted + 1
-        self._last_drafts = (drafts.shape[1], accepted.tolist())
         new_start = start + committed
         self.target.commit(slots, new_start)
         if self.draft is not None:
@@ -301,4 +299,4 @@ class Scheduler:
         for seq, row_tokens, a, s in zip(seqs, tokens.tolist(), accepted.tolist(), new_start.tolist()):
             seq.bonus, seq.start = row_tokens[a], s
             kept_per_row.append(self._commit(seq, row_tokens[: a + 1], a))
-        return t1 - t0, t2 - t1, kept_per_row
+        return t1 - t0, t2 - t1, kept_per_row, drafts.shape[1], accepted.tolist()

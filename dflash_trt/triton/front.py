@@ -144,13 +144,20 @@ async def _error(send, status: int, message: str, openai: bool = False) -> None:
     await send({"type": "http.response.body", "body": payload})
 
 
+def output_value(result, name: str):
+    """One output of a gRPC response: a one-element tensor as a scalar, strings decoded; None if absent."""
+    array = result.as_numpy(name)
+    if array is None:
+        return None
+    values = [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v for v in array.reshape(-1).tolist()]
+    return values[0] if len(values) == 1 else values
+
+
 def output_json(result, model: str) -> dict:
     """One response as Triton's generate endpoint writes it: one-element tensors as scalars."""
     out = {"model_name": model, "model_version": "1"}
     for output in result.get_response().outputs:
-        values = result.as_numpy(output.name).reshape(-1).tolist()
-        values = [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v for v in values]
-        out[output.name] = values[0] if len(values) == 1 else values
+        out[output.name] = output_value(result, output.name)
     return out
 
 

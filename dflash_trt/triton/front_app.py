@@ -24,10 +24,11 @@ from dflash_trt.triton.front import (
     GrpcGenerate,
     is_final,
     output_json,
+    output_value,
     refusal,
 )
 from dflash_trt.triton.http_inputs import generate_inputs
-from dflash_trt.triton.openai_api import OpenAIError, Reply, model_inputs
+from dflash_trt.triton.openai_api import OpenAIError, Reply, finish_reason, model_inputs
 
 
 def _sse(payload: dict) -> bytes:
@@ -42,8 +43,7 @@ def _json(payload: dict, status: int = 200):
 
 
 def _output_text(result) -> str:
-    array = result.as_numpy("text_output")
-    return b"".join(array.reshape(-1).tolist()).decode("utf-8", errors="replace") if array is not None else ""
+    return output_value(result, "text_output") or ""
 
 
 async def _client_gone(request) -> None:
@@ -205,8 +205,6 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
                     elif delta:
                         yield _sse(reply.chunk(delta))
                     if is_final(current, None):
-                        from dflash_trt.triton.openai_api import finish_reason
-
                         yield _sse(reply.chunk(None if chat else "", finish_reason(current)))
                         if include_usage:
                             yield _sse(reply.usage_chunk(current))

@@ -23,6 +23,7 @@ import time
 import uuid
 
 from dflash_trt.errors import RequestError
+from dflash_trt.triton.front import output_value
 from dflash_trt.triton.http_inputs import generate_inputs
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "user",
@@ -145,27 +146,18 @@ def model_inputs(body, chat: bool, models: frozenset[str]) -> tuple[str, dict, b
     return model, arrays, stream, bool(options.get("include_usage"))
 
 
-def _value(result, name: str):
-    array = result.as_numpy(name)
-    if array is None:
-        return None
-    values = array.reshape(-1).tolist()
-    values = [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v for v in values]
-    return values[0] if len(values) == 1 else values
-
-
 def usage(result) -> dict:
-    prompt, completion = int(_value(result, "num_prompt_tokens")), int(_value(result, "num_output_tokens"))
+    prompt, completion = int(output_value(result, "num_prompt_tokens")), int(output_value(result, "num_output_tokens"))
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def dflash_stats(result) -> dict:
-    return {"mean_acceptance_length": round(float(_value(result, "mean_acceptance_length")), 4),
-            "verify_steps": int(_value(result, "verify_steps"))}
+    return {"mean_acceptance_length": round(float(output_value(result, "mean_acceptance_length")), 4),
+            "verify_steps": int(output_value(result, "verify_steps"))}
 
 
 def finish_reason(result) -> str:
-    reason = _value(result, "finish_reason") or "stop"
+    reason = output_value(result, "finish_reason") or "stop"
     return "length" if reason == "length" else "stop"
 
 

@@ -137,8 +137,9 @@ def _chat_prompt(raw, tokenizer, max_seq_len: int, limits: RequestLimits) -> lis
         raise RequestError("input 'messages': this bundle has no tokenizer; send 'input_ids'")
     if not getattr(tokenizer, "chat_template", None):
         raise RequestError("input 'messages': this bundle's tokenizer has no chat template; send 'text_input'")
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    from dflash_trt.tokenizer import encode_chat
+
+    ids = encode_chat(tokenizer, messages)
     if len(ids) >= max_seq_len:
         raise RequestError(f"the prompt has {len(ids)} tokens; this bundle allows at most {max_seq_len - 1}")
     return ids
