@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from dflash_trt.decoding.bad_words import mask_banned
 from dflash_trt.decoding.batch import BatchParams, cache_capacity, prefill
 from dflash_trt.decoding.requests import Detokenize, GenerationResult, OnCommit, Request, Row
 from dflash_trt.kernels import sample_tokens  # the rule: torch, or its C++ twin for sampled CPU rows
@@ -41,6 +42,7 @@ def autoregressive_generate(
             active_ids, active = ids, torch.tensor(ids, device=device)
             row_params = params.rows(active)
         logits, _ = target(last[active, None], position[active, None], cache, active)
+        mask_banned(logits, [rows[i].request.bans(rows[i].tokens) for i in active_ids])
         chosen = sample_tokens(logits[:, 0], position[active] + 1, *row_params)
         cache.advance(active, 1)
         last[active], position[active] = chosen, position[active] + 1

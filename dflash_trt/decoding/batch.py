@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash_trt.decoding.bad_words import mask_banned
 from dflash_trt.decoding.requests import Request
 from dflash_trt.decoding.sampling import params_tensors
 from dflash_trt.kernels import sample_tokens  # the rule: torch, or its C++ twin for sampled CPU rows
@@ -59,6 +60,7 @@ def prefill(
     logits, target_hidden = target(tokens, positions, cache, slots, tap_layers, logit_rows=(lengths - 1)[:, None])
     cache.crop(slots, lengths)
     index = torch.arange(len(requests), device=slots.device)
+    mask_banned(logits, [r.bans([]) for r in requests])
     first = sample_tokens(logits[:, 0], lengths, *params.rows(index))
     return first, target_hidden, positions, lengths
 

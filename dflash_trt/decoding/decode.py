@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash_trt.decoding.bad_words import mask_banned
 from dflash_trt.decoding.batch import BatchParams, cache_capacity, prefill
 from dflash_trt.decoding.requests import Detokenize, GenerationResult, OnCommit, Request, Row
 from dflash_trt.decoding.verify import verify_lazily
@@ -27,6 +28,11 @@ class DecodeTimings:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     steps: int = 0
+
+
+def banned_rows(rows: list[Row], blocks: torch.Tensor) -> list:
+    """Each row's banned ids per verify row of its block [bonus, d_1 ..] (None: no bad words)."""
+    return [row.request.bans(row.tokens, block) for row, block in zip(rows, blocks.tolist())]
 
 
 def merge_context(older: tuple, newer: tuple) -> tuple:
@@ -62,6 +68,7 @@ def speculative_generate(
     taps = draft.config.target_layer_ids
     mask_token_id = draft.config.mask_token_id
     rows = [Row(i, r, detokenize) for i, r in enumerate(requests)]
+    any_bad_words = any(r.bad_words for r in requests)
     params = BatchParams.of(requests, device)
     slots = torch.arange(len(requests), device=device)
     capacity = cache_capacity(requests, block_size)
@@ -112,10 +119,16 @@ def speculative_generate(
         offsets = offsets[:, : block.shape[1]]
 
         # 3) verify: the target runs the whole block once and picks its own token everywhere
+        bans = banned_rows([rows[i] for i in active_ids], block) if any_bad_words else None
         if step_width == 1:  # an AR step: the token at start + 1 by the sampling rule, as verify_block picks it
             logits, verify_hidden = target(block, block_positions, target_cache, active, taps)
+            if bans is not None:
+                mask_banned(logits, bans)
             chosen = sample_tokens(logits[:, 0], block_start + 1, *row_params)[:, None]
             accepted = torch.zeros(active.numel(), dtype=torch.int64, device=device)
+        elif bans is not None:  # bad words: every row's logits, masked per row, then the rule
+            logits, verify_hidden = target(block, block_positions, target_cache, active, taps)
+            chosen, accepted = verify_block(mask_banned(logits, bans), drafts, block_start, *row_params)
         elif device.type == "cpu":  # lm_head only as far as some row's drafts still match
             hidden, verify_hidden = target(block, block_positions, target_cache, active, taps, head=False)
             chosen, accepted = verify_lazily(hidden, target.lm_head, drafts, block_start, *row_params,

@@ -38,10 +38,25 @@ class Request:
     prompt: tuple[int, ...]
     params: SamplingParams = SamplingParams()
     stop: StopCriteria = StopCriteria()
+    bad_words: tuple[tuple[int, ...], ...] = ()  # token sequences never generated (decoding/bad_words.py)
 
     def __post_init__(self):
         if not self.prompt:
             raise ValueError("prompt must contain at least one token")
+        if any(not w for w in self.bad_words):
+            raise ValueError("bad words must be non-empty token sequences")
+
+    def bans(self, generated: list[int], block: list[int] | None = None) -> list[list[int]] | None:
+        """Banned ids for the next token after prompt + generated (block: for each row of a verify block
+        [bonus, d_1 ..] that follows them; the bonus is generated[-1]); None without bad words."""
+        if not self.bad_words:
+            return None
+        from dflash_trt.decoding.bad_words import banned_ids, block_bans
+
+        context = self.prompt + tuple(generated)
+        if block is None:
+            return [banned_ids(self.bad_words, context)]
+        return block_bans(self.bad_words, context[:-1], block)
 
 
 @dataclass

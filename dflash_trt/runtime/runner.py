@@ -7,6 +7,8 @@ Slots index static per-slot caches, so rewinding a slot is only a length change.
 - TargetRunner.verify(slots, blocks [B, K+1], start [B], sampling) -> (tokens [B, K+1], accepted [B], taps [B, K+1, n*H])
   (only tokens[:, :accepted + 1] are specified; a runner may leave later entries uncomputed)
 - TargetRunner.commit(slots, lengths [B])
+- prefill / verify take `bans=` (token ids banned per row and block row: bad words) on runners whose
+  `supports_bad_words` is true; the scheduler refuses bad words on the others
 - DraftRunner.append_context(slots, taps, positions, valid)
 - DraftRunner.propose(slots, bonus [B], start [B], block_size=None) -> drafts [B, K]  (K <= block_size - 1 <= max;
   a runner may return fewer drafts than asked, e.g. only those its drafter is confident about)
@@ -21,6 +23,7 @@ from typing import Protocol
 
 import torch
 
+from dflash_trt.decoding.bad_words import mask_banned
 from dflash_trt.decoding.batch import pad_prompts
 from dflash_trt.decoding.decode import merge_context
 from dflash_trt.decoding.verify import verify_lazily
@@ -54,21 +57,33 @@ class TorchTargetRunner:
         self.device = target.lm_head.weight.device
         self.vocab_size = target.config.vocab_size
 
+    supports_bad_words = True  # prefill / verify take `bans` (decoding/bad_words.py)
+
     @torch.inference_mode()
-    def prefill(self, slots: torch.Tensor, prompts: list[tuple[int, ...]], sampling: Sampling):
+    def prefill(self, slots: torch.Tensor, prompts: list[tuple[int, ...]], sampling: Sampling, bans=None):
         tokens, positions, lengths = pad_prompts(prompts, self.device)
         logits, taps = self.target(tokens, positions, self.cache, slots, self.tap_layers,
                                    logit_rows=(lengths - 1)[:, None])
         self.cache.crop(slots, lengths)
+        if bans is not None:
+            mask_banned(logits, bans)
         return sample_tokens(logits[:, 0], lengths, *sampling), taps, positions, lengths
 
     @torch.inference_mode()
-    def verify(self, slots: torch.Tensor, blocks: torch.Tensor, start: torch.Tensor, sampling: Sampling):
+    def verify(self, slots: torch.Tensor, blocks: torch.Tensor, start: torch.Tensor, sampling: Sampling,
+               bans=None):
+        """`bans` (optional): per row, per block row, the token ids the rule must not choose there."""
         positions = start[:, None] + torch.arange(blocks.shape[1], device=self.device)[None, :]
         if blocks.shape[1] == 1:  # an AR step: the token at start + 1 by the sampling rule (verify_block's row 0)
             logits, taps = self.target(blocks, positions, self.cache, slots, self.tap_layers)
+            if bans is not None:
+                mask_banned(logits, bans)
             tokens = sample_tokens(logits[:, 0], start + 1, *sampling)[:, None]
             return tokens, torch.zeros(blocks.shape[0], dtype=torch.int64, device=self.device), taps
+        if bans is not None:  # bad words: every row's logits, masked, then the rule
+            logits, taps = self.target(blocks, positions, self.cache, slots, self.tap_layers)
+            tokens, accepted = verify_block(mask_banned(logits, bans), blocks[:, 1:], start, *sampling)
+            return tokens, accepted, taps
         if self.device.type == "cpu":  # lm_head only as far as drafts still match (see verify_lazily)
             hidden, taps = self.target(blocks, positions, self.cache, slots, self.tap_layers, head=False)
             tokens, accepted = verify_lazily(hidden, self.target.lm_head, blocks[:, 1:], start, *sampling,

@@ -129,6 +129,13 @@ class Scheduler:
         bad = [t for t in request.prompt if not 0 <= t < self.target.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} outside the vocabulary 0..{self.target.vocab_size - 1}")
+        if request.bad_words and not getattr(self.target, "supports_bad_words", False):
+            raise ValueError(f"bad_words: not supported by this bundle's target runner "
+                             f"({type(self.target).__name__}); send the request without them")
+        outside = [t for w in request.bad_words for t in w if not 0 <= t < self.target.vocab_size]
+        if outside:
+            raise ValueError(f"bad_words: token ids {outside[:5]} outside the vocabulary "
+                             f"0..{self.target.vocab_size - 1}")
 
     def submit(self, request: Request, sink: Sink, is_cancelled: Callable[[], bool] | None = None) -> Sequence:
         self.check(request)
@@ -226,7 +233,9 @@ class Scheduler:
         for seq in seqs:
             seq.slot = self.free_slots.pop(0)
         slots = torch.tensor([s.slot for s in seqs], device=self.device)
-        first, taps, positions, lengths = self.target.prefill(slots, [s.request.prompt for s in seqs], self._sampling(seqs))
+        extra = {"bans": [s.request.bans([]) for s in seqs]} if any(s.request.bad_words for s in seqs) else {}
+        first, taps, positions, lengths = self.target.prefill(slots, [s.request.prompt for s in seqs],
+                                                              self._sampling(seqs), **extra)
         if self.draft is not None:
             self.draft.append_context(slots, taps, positions, positions < lengths[:, None])
             self.draft.commit(slots, lengths)
@@ -282,7 +291,10 @@ class Scheduler:
             drafts = torch.zeros(len(seqs), 0, dtype=torch.int64, device=self.device)
         t1 = time.perf_counter()
         blocks = torch.cat([bonus[:, None], drafts], dim=1)
-        tokens, accepted, taps = self.target.verify(slots, blocks, start, sampling)
+        extra = {}
+        if any(s.request.bad_words for s in seqs):  # the rule's bans per row and block row
+            extra["bans"] = [s.request.bans(s.row.tokens, block) for s, block in zip(seqs, blocks.tolist())]
+        tokens, accepted, taps = self.target.verify(slots, blocks, start, sampling, **extra)
         t2 = time.perf_counter()
         if self.adaptive is not None and drafts.shape[1]:
             self.adaptive.update(accepted.tolist(), drafts.shape[1])
