@@ -54,7 +54,9 @@ def front(served):
 
     server = served[0]
     port = free_port()
-    running = Front(make_app(server.url, server.grpc_url, frozenset(server.models)), "127.0.0.1", port).start()
+    models = frozenset(server.models) - {"ensemble"}
+    app = make_app(server.url, server.grpc_url, models, ensembles=frozenset(server.models) & {"ensemble"})
+    running = Front(app, "127.0.0.1", port).start()
     yield f"127.0.0.1:{port}"
     running.stop()
 

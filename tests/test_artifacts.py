@@ -84,8 +84,8 @@ def test_publish_refuses_a_model_folder_it_did_not_write(tmp_path, bundle):
 def test_republish_keeps_nothing_inside_the_repository(tmp_path, bundle):
     repo = publish(bundle, tmp_path / "repo")
     publish(bundle, repo)  # replaces both models
-    assert sorted(p.name for p in repo.iterdir()) == ["dflash", "dflash_ar"]
-    assert repository_models(repo) == (["dflash", "dflash_ar"], [])
+    assert sorted(p.name for p in repo.iterdir()) == ["dflash", "dflash_ar", "ensemble"]
+    assert repository_models(repo) == (["dflash", "dflash_ar", "ensemble"], [])
 
 
 KILLED_PUBLISH = textwrap.dedent("""
@@ -111,7 +111,7 @@ def test_killed_publish_leaves_nothing_in_the_repository_and_is_cleaned_next_tim
     proc.wait()
     scratch = atomic.repository_scratch(repo)
     assert _tree(repo) == before and len(atomic.leftovers(scratch)) == 1  # the temp sits beside the repository
-    assert repository_models(repo) == (["dflash", "dflash_ar"], [])
+    assert repository_models(repo) == (["dflash", "dflash_ar", "ensemble"], [])
     publish(bundle, repo)
     assert atomic.leftovers(scratch) == [] and repository_models(repo)[1] == []
 
@@ -148,9 +148,9 @@ def test_server_scan_ignores_leftovers_of_older_publishes(tmp_path, bundle):
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text((repo / "dflash" / "config.pbtxt").read_text())
     (repo / "notes.txt").write_text("x")
-    assert repository_models(repo) == (["dflash", "dflash_ar"], [*names, "notes.txt"])
+    assert repository_models(repo) == (["dflash", "dflash_ar", "ensemble"], [*names, "notes.txt"])
     publish(bundle, repo)  # and a publish removes them (their writers are gone)
-    assert repository_models(repo) == (["dflash", "dflash_ar"], ["notes.txt"])
+    assert repository_models(repo) == (["dflash", "dflash_ar", "ensemble"], ["notes.txt"])
 
 
 def test_train_draft_refuses_a_foreign_output_before_training(tmp_path, tiny_pair):

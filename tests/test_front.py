@@ -9,13 +9,14 @@ import pytest
 from dflash_trt.errors import RequestError
 from dflash_trt.triton.front import BodyGuard, FrontLimits, json_problem
 from dflash_trt.triton.http_inputs import FIELDS, generate_inputs
-from dflash_trt.triton.protocol import INPUTS
+from dflash_trt.triton.protocol import INPUTS, INTERNAL_INPUTS
 
 
 def test_every_protocol_input_has_a_strict_field():
-    assert list(FIELDS) == [name for name, _, _ in INPUTS]
+    public = [t for t in INPUTS if t[0] not in INTERNAL_INPUTS]
+    assert list(FIELDS) == [name for name, _, _ in public]
     assert {name: FIELDS[name][2] for name in FIELDS} == {name: dtype.removeprefix("TYPE_").replace("STRING", "BYTES")
-                                                          for name, dtype, _ in INPUTS}
+                                                          for name, dtype, _ in public}
 
 
 @pytest.mark.parametrize("raw,problem", [

@@ -110,15 +110,17 @@ def _tensors(config: str, kind: str) -> list[tuple[str, str, list[int]]]:
     return [(name, dtype, [int(d) for d in dims.split(",")]) for name, dtype, dims in entries]
 
 
-@pytest.mark.parametrize("name", ["dflash", "dflash_ar"])
+@pytest.mark.parametrize("name", ["dflash", "dflash_ar", "ensemble"])
 def test_templates_carry_the_protocol_tensors(name):
-    from dflash_trt.triton.protocol import INPUTS, OUTPUTS
+    from dflash_trt.triton import ensemble, protocol
     from dflash_trt.triton.repository import template
 
+    module = ensemble if name == "ensemble" else protocol
     text = (template(name) / "config.pbtxt").read_text()
-    assert _tensors(text, "input") == [tuple(t) for t in INPUTS]
-    assert _tensors(text, "output") == [tuple(t) for t in OUTPUTS]
-    assert text.count("optional: true") == len(INPUTS)
+    assert _tensors(text, "input") == [tuple(t) for t in module.INPUTS]
+    assert _tensors(text, "output") == [tuple(t) for t in module.OUTPUTS]
+    required = 1 if name == "ensemble" else 0  # text_input, as in TensorRT-LLM's ensemble
+    assert text.count("optional: true") == len(module.INPUTS) - required
     assert f'name: "{name}"' in text and "decoupled: true" in text
 
 

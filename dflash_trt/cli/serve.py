@@ -63,10 +63,12 @@ def serve_command(repository, host, http_port, grpc_port, metrics_port, log_path
 def _start_front(server, host: str, port: int, max_body_bytes: int):
     from dflash_trt.triton.front import FrontLimits
     from dflash_trt.triton.front_app import Front, make_app
-    from dflash_trt.triton.repository import is_published_model
+    from dflash_trt.triton.repository import ENSEMBLE_MODEL_NAME, is_published_model
 
-    models = frozenset(m for m in server.models if is_published_model(server.repository / m))
-    app = make_app(server.url, f"127.0.0.1:{server.ports.grpc}", models, FrontLimits(max_body_bytes=max_body_bytes))
+    published = frozenset(m for m in server.models if is_published_model(server.repository / m))
+    ensembles = published & {ENSEMBLE_MODEL_NAME}
+    app = make_app(server.url, f"127.0.0.1:{server.ports.grpc}", published - ensembles,
+                   FrontLimits(max_body_bytes=max_body_bytes), ensembles)
     try:
         return Front(app, host, port).start()
     except RuntimeError as exc:

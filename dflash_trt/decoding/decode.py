@@ -148,6 +148,7 @@ def speculative_generate(
             kept = row.commit(chosen[j, : a + 1].tolist(), on_commit)
             row.acceptance_lengths.append(kept)
             row.accepted_drafts.append(a)
+            row.draft_tokens += drafts.shape[1]
         bonus[active] = chosen.gather(1, accepted[:, None])[:, 0]
 
         # 5) rewind: both caches keep exactly the committed positions (bonus + accepted drafts); the

@@ -66,6 +66,7 @@ class GenerationResult:
     acceptance_lengths: list[int] = field(default_factory=list)  # tokens committed per verify step
     accepted_drafts: list[int] = field(default_factory=list)  # drafts accepted per verify step (a)
     text: str | None = None
+    draft_tokens: int = 0  # drafts proposed over all verify steps (TensorRT-LLM's total_draft_tokens)
 
 
 class Row:
@@ -77,6 +78,7 @@ class Row:
         self.finish_reason: str | None = None
         self.acceptance_lengths: list[int] = []
         self.accepted_drafts: list[int] = []
+        self.draft_tokens = 0
         self.stop_text: tuple[IncrementalText, StopScanner] | None = None
         if request.stop.stop_strings:
             if detokenize is None:
@@ -117,7 +119,7 @@ class Row:
             text = cut_at_stop_string(self.detokenize(self.tokens), self.request.stop.stop_strings)
         return GenerationResult(
             list(self.tokens), self.finish_reason or "length",
-            self.acceptance_lengths, self.accepted_drafts, text,
+            self.acceptance_lengths, self.accepted_drafts, text, self.draft_tokens,
         )
 
 

@@ -261,12 +261,13 @@ class Scheduler:
             width = min(width, self.adaptive.width())
         return width
 
-    def _commit(self, seq: Sequence, tokens: list[int], accepted: int | None = None) -> int:
+    def _commit(self, seq: Sequence, tokens: list[int], accepted: int | None = None, drafts: int = 0) -> int:
         """Commit target tokens (stops applied), record acceptance, stream, finish if done."""
         kept = seq.row.commit(tokens)
         if accepted is not None:
             seq.row.acceptance_lengths.append(kept)
             seq.row.accepted_drafts.append(accepted)
+            seq.row.draft_tokens += drafts
         if kept:
             seq.emit(Event(seq.row.tokens[-kept:]))
         if seq.row.done or seq.cancelled:
@@ -310,5 +311,5 @@ class Scheduler:
         kept_per_row = []
         for seq, row_tokens, a, s in zip(seqs, tokens.tolist(), accepted.tolist(), new_start.tolist()):
             seq.bonus, seq.start = row_tokens[a], s
-            kept_per_row.append(self._commit(seq, row_tokens[: a + 1], a))
+            kept_per_row.append(self._commit(seq, row_tokens[: a + 1], a, drafts.shape[1]))
         return t1 - t0, t2 - t1, kept_per_row, drafts.shape[1], accepted.tolist()

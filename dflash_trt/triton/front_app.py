@@ -27,7 +27,7 @@ from dflash_trt.triton.front import (
     output_value,
     refusal,
 )
-from dflash_trt.triton.http_inputs import generate_inputs
+from dflash_trt.triton.http_inputs import ENSEMBLE_FIELDS, generate_inputs
 from dflash_trt.triton.openai_api import OpenAIError, Reply, finish_reason, model_inputs
 
 
@@ -51,8 +51,10 @@ async def _client_gone(request) -> None:
         pass
 
 
-def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits: FrontLimits = FrontLimits()):
-    """The ASGI app: `models` are the dflash models whose generate endpoints the front serves itself."""
+def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits: FrontLimits = FrontLimits(),
+             ensembles: frozenset[str] = frozenset()):
+    """The ASGI app: `models` are the dflash models whose generate endpoints (and OpenAI ids) the front
+    serves itself; `ensembles` the TensorRT-LLM-named adapters (generate only, their own fields)."""
     import httpx
     from starlette.applications import Starlette
     from starlette.background import BackgroundTask
@@ -77,12 +79,13 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
     async def start(request):
         """(model, response iterator, cancel), or a Response: refused, or another model's (passed through)."""
         model = request.path_params["model"]
-        if model not in models:
+        if model not in models and model not in ensembles:
             return await passthrough(request)
         try:
             state = request.scope.get("state", {})  # the guard parsed the body (absent: it was empty)
             body = state[JSON_BODY] if JSON_BODY in state else json.loads(await request.body() or b"null")
-            arrays = generate_inputs(body)
+            arrays = generate_inputs(body, ENSEMBLE_FIELDS, batched=True) if model in ensembles \
+                else generate_inputs(body)
         except RequestError as exc:
             return _json({"error": exc.format_message()}, 400)
         iterator, cancel = grpc.responses(model, arrays)

@@ -33,6 +33,28 @@ FIELDS = {
     "chat": ("bool", None, "BOOL", np.bool_),
     "ignore_eos": ("bool", None, "BOOL", np.bool_),
     "messages": ("str", None, "BYTES", np.object_),
+    "bad_words": ("str_list", None, "BYTES", np.object_),
+    "end_id": ("int", (0, INT32[1]), "INT32", np.int32),
+    "pad_id": ("int", (0, INT32[1]), "INT32", np.int32),
+    "random_seed": ("int", (0, 2**64 - 1), "UINT64", np.uint64),
+}
+# the `ensemble` model's (triton/ensemble.py: TensorRT-LLM's client names); sent shaped [1, ...]
+ENSEMBLE_FIELDS = {
+    "text_input": FIELDS["text_input"],
+    "max_tokens": FIELDS["max_tokens"],
+    "bad_words": FIELDS["bad_words"],
+    "stop_words": FIELDS["stop_words"],
+    "end_id": FIELDS["end_id"],
+    "pad_id": FIELDS["pad_id"],
+    "top_k": FIELDS["top_k"],
+    "top_p": FIELDS["top_p"],
+    "temperature": FIELDS["temperature"],
+    "seed": FIELDS["seed"],
+    "random_seed": FIELDS["random_seed"],
+    "stream": FIELDS["stream"],
+    "exclude_input_in_output": ("bool", None, "BOOL", np.bool_),
+    "return_num_input_tokens": ("bool", None, "BOOL", np.bool_),
+    "return_num_output_tokens": ("bool", None, "BOOL", np.bool_),
 }
 IGNORED = ("id",)  # KServe's request id: accepted, not an input
 
@@ -78,23 +100,29 @@ def json_repr(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def generate_inputs(body) -> dict[str, np.ndarray]:
-    """{input name: array of its Triton type} from a generate body; RequestError for anything else."""
+def generate_inputs(body, fields: dict = FIELDS, batched: bool = False) -> dict[str, np.ndarray]:
+    """{input name: array of its Triton type} from a generate body; RequestError for anything else.
+    `batched`: arrays shaped [1, n] (a model with a batch dimension, e.g. `ensemble`); a value sent
+    with the batch dimension ([["text"]], [[64]]) is read as the same value."""
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object of input names to values")
-    unknown = sorted(k for k in body if k not in FIELDS and k not in IGNORED)
+    unknown = sorted(k for k in body if k not in fields and k not in IGNORED)
     if unknown:
-        raise RequestError(f"unknown field '{unknown[0]}'; the inputs are: {', '.join(FIELDS)}")
+        raise RequestError(f"unknown field '{unknown[0]}'; the inputs are: {', '.join(fields)}")
     arrays = {}
     for name, value in body.items():
         if name in IGNORED:
             continue
-        kind, bounds, _, np_type = FIELDS[name]
+        kind, bounds, _, np_type = fields[name]
+        if batched and isinstance(value, list) and len(value) == 1 and isinstance(value[0], list):
+            value = value[0]  # [[...]]: the batch dimension of TensorRT-LLM's shapes
+        if batched and kind in ("str", "int", "bool", "float") and isinstance(value, list) and len(value) == 1:
+            value = value[0]
         items = _check(name, kind, bounds, value)
         if np_type is np.object_:
             try:
                 items = [v.encode("utf-8") for v in items]
             except UnicodeEncodeError as exc:  # JSON can carry lone surrogates ("\ud800"); UTF-8 cannot
                 raise RequestError(f"field '{name}': not encodable as UTF-8 ({exc.reason})") from None
-        arrays[name] = np.array(items, dtype=np_type)
+        arrays[name] = np.array([items] if batched else items, dtype=np_type)
     return arrays

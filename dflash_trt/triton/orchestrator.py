@@ -20,6 +20,7 @@ import numpy as np
 
 from dflash_trt.errors import DFlashTrtError
 from dflash_trt.runtime.service import DFlashService, ServiceLimits
+from dflash_trt.triton.ensemble import CANCEL_PREFIX
 from dflash_trt.triton.protocol import RequestLimits, parse_request
 from dflash_trt.triton.text_stream import TextStream
 
@@ -202,8 +203,18 @@ class ResponseStream:
             pb.Tensor("mean_acceptance_length",
                       np.array([sum(lengths) / len(lengths) if lengths else 0.0], dtype=np.float32)),
             pb.Tensor("acceptance_lengths", np.array(lengths, dtype=np.int32)),
+            *(pb.Tensor(name, value) for name, value in draft_statistics(result).items()),
         ]
         return pb.InferenceResponse(output_tensors=tensors)
+
+
+def draft_statistics(result) -> dict[str, np.ndarray]:
+    """TensorRT-LLM llmapi's total_draft_tokens, total_accepted_draft_tokens, acceptance_rate."""
+    drafted = result.draft_tokens if result else 0
+    accepted = sum(result.accepted_drafts) if result else 0
+    return {"total_draft_tokens": np.array([drafted], dtype=np.int32),
+            "total_accepted_draft_tokens": np.array([accepted], dtype=np.int32),
+            "acceptance_rate": np.array([accepted / drafted if drafted else 0.0], dtype=np.float32)}
 
 
 class Orchestrator:
@@ -233,6 +244,7 @@ class Orchestrator:
         self.detokenize = runners.detokenize
         self.request_limits = replace(RequestLimits.for_tokenizer(self.tokenizer, self.limits.max_seq_len),
                                       sampled_requests=bool(runtime.get("sampled_requests", True)))
+        self.forwarded: dict[str, ResponseStream] = {}  # ensemble adapter request id -> its sink
         self.service = DFlashService(None, self.limits, on_step=on_step, runners=(runners.target, runners.draft),
                                      detokenize=runners.detokenize)
 
@@ -249,14 +261,26 @@ class Orchestrator:
             tensor = pb.get_input_tensor_by_name(request, name)
             return None if tensor is None else tensor.as_numpy()
 
+        if get("cancel_request_id") is not None:
+            return self._cancel(get("cancel_request_id"), sender)
         try:
             parsed = parse_request(get, self.tokenizer, self.limits.max_seq_len, self.vocab_size, self.eos_ids,
                                    self.request_limits)
             text = None
             if self.tokenizer is not None:
                 text = TextStream(self.detokenize, parsed.request.stop.stop_strings)
+            request_id = request.request_id() if hasattr(request, "request_id") else ""
+            forwarded = request_id.startswith(CANCEL_PREFIX)  # the ensemble adapter's: cancelled by id
+
+            def on_done(kind, reason, request_id=request_id):
+                if forwarded:
+                    self.forwarded.pop(request_id, None)
+                self.metrics.on_request(kind, reason)
+
             sink = ResponseStream(pb, sender, parsed.stream, text, self.emitter, _cancel_check(request, sender),
-                                  len(parsed.request.prompt), self.metrics.on_request)
+                                  len(parsed.request.prompt), on_done)
+            if forwarded:
+                self.forwarded[request_id] = sink
             self.service.submit(parsed.request, sink, is_cancelled=sink.is_cancelled)
         except (DFlashTrtError, ValueError) as exc:
             message = exc.format_message() if isinstance(exc, DFlashTrtError) else str(exc)
@@ -264,10 +288,27 @@ class Orchestrator:
                         flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             self.emitter.post(lambda: self.metrics.on_request("failure", "refused"))
 
+    def _cancel(self, request_id, sender) -> None:
+        """A `cancel_request_id` request (the ensemble adapter's): cancel that forwarded request."""
+        pb = self.pb
+        key = _utf8_value(request_id)
+        sink = self.forwarded.get(key) if key.startswith(CANCEL_PREFIX) else None
+        if sink is not None:
+            sink.cancelled = True
+        reason = np.array([b"cancelled" if sink is not None else b""], dtype=np.object_)
+        sender.send(pb.InferenceResponse(output_tensors=[pb.Tensor("finish_reason", reason)]),
+                    flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
     def finalize(self) -> None:
         self.service.shutdown()
         self.emitter.close()
         self.metrics.release()  # while the stub can still talk to the server
+
+
+def _utf8_value(array) -> str:
+    flat = np.asarray(array, dtype=object).reshape(-1)
+    item = flat[0] if flat.size else b""
+    return item.decode("utf-8", errors="replace") if isinstance(item, bytes) else str(item)
 
 
 def _cancel_check(request, sender):

@@ -37,6 +37,12 @@ INPUTS = [
     ("chat", "TYPE_BOOL", [1]),
     ("ignore_eos", "TYPE_BOOL", [1]),
     ("messages", "TYPE_STRING", [1]),  # a chat as JSON [{"role", "content"}]: the tokenizer's chat template
+    # TensorRT-LLM's names (its ensemble / BLS inputs):
+    ("bad_words", "TYPE_STRING", [-1]),  # each word never generated (decoding/bad_words.py)
+    ("end_id", "TYPE_INT32", [1]),  # the end token, instead of the bundle's EOS ids
+    ("pad_id", "TYPE_INT32", [1]),  # accepted and checked; outputs are never padded (one sequence each)
+    ("random_seed", "TYPE_UINT64", [1]),  # `seed`'s TensorRT-LLM name before tensorrtllm_backend c2e65b8
+    ("cancel_request_id", "TYPE_STRING", [1]),  # internal: the ensemble adapter cancels its forwarded request
 ]
 OUTPUTS = [
     ("text_output", "TYPE_STRING", [1]),  # streaming: the new text of this response; else the full text
@@ -47,7 +53,12 @@ OUTPUTS = [
     ("verify_steps", "TYPE_INT32", [1]),
     ("mean_acceptance_length", "TYPE_FP32", [1]),
     ("acceptance_lengths", "TYPE_INT32", [-1]),  # tokens committed per verify step (final response)
+    # TensorRT-LLM llmapi's speculative statistics (final response; 0 before it)
+    ("total_draft_tokens", "TYPE_INT32", [1]),
+    ("total_accepted_draft_tokens", "TYPE_INT32", [1]),
+    ("acceptance_rate", "TYPE_FP32", [1]),  # total_accepted_draft_tokens / total_draft_tokens (0 without drafts)
 ]
+INTERNAL_INPUTS = ("cancel_request_id",)  # not a client's: no field of the HTTP generate body
 DEFAULT_MAX_TOKENS = 64
 
 
@@ -198,6 +209,30 @@ def _stop_words(get: Callable, tokenizer, limits: RequestLimits) -> list[str]:
     return words
 
 
+def _bad_words(get: Callable, tokenizer, limits: RequestLimits) -> tuple[tuple[int, ...], ...]:
+    """Each non-empty word tokenized without special tokens, as TensorRT-LLM's preprocessing model does."""
+    value = get("bad_words")
+    count = 0 if value is None else np.asarray(value, dtype=object).size
+    if count > limits.max_stop_words:
+        raise RequestError(f"input 'bad_words': {count} bad words; at most {limits.max_stop_words}")
+    words = _strings(get, "bad_words")
+    long = [w for w in words if len(w.encode("utf-8")) > limits.max_stop_word_bytes]
+    if long:
+        raise RequestError(f"input 'bad_words': a bad word of {len(long[0].encode('utf-8'))} bytes; at most "
+                           f"{limits.max_stop_word_bytes}")
+    if words and tokenizer is None:
+        raise RequestError("input 'bad_words': this bundle has no tokenizer")
+    ids = [tuple(tokenizer.encode(w, add_special_tokens=False)) for w in words]
+    return tuple(w for w in ids if w)
+
+
+def _token_id(get: Callable, name: str, vocab_size: int) -> int | None:
+    value = _scalar(get, name, int, None)
+    if value is not None and not 0 <= value < vocab_size:
+        raise RequestError(f"input '{name}': {value} is outside the vocabulary 0..{vocab_size - 1}")
+    return value
+
+
 def _stop_token_ids(get: Callable, limits: RequestLimits) -> set[int]:
     value = get("stop_token_ids")
     flat = np.asarray(value if value is not None else []).reshape(-1)
@@ -210,6 +245,7 @@ def parse_request(get: Callable, tokenizer, max_seq_len: int, vocab_size: int,
                   eos_ids: frozenset[int] = frozenset(), limits: RequestLimits = RequestLimits()) -> ParsedRequest:
     """Validate one request's inputs (`get(name)` -> numpy array or None) into a `Request`."""
     stop_words, stop_ids = _stop_words(get, tokenizer, limits), _stop_token_ids(get, limits)  # cheap checks first
+    bad_words = _bad_words(get, tokenizer, limits)
     prompt = _prompt(get, tokenizer, _scalar(get, "chat", bool, False), max_seq_len, limits)
     if not prompt:
         raise RequestError("the prompt is empty")
@@ -229,7 +265,10 @@ def parse_request(get: Callable, tokenizer, max_seq_len: int, vocab_size: int,
     temperature = _scalar(get, "temperature", float, 0.0)
     top_p = _scalar(get, "top_p", float, 1.0)
     top_k = _scalar(get, "top_k", int, 0)
-    seed = _scalar(get, "seed", int, 0)
+    if get("seed") is not None and get("random_seed") is not None:
+        raise RequestError("input 'random_seed': send either seed or random_seed (its older name), not both")
+    seed = _scalar(get, "seed", int, None)
+    seed = _scalar(get, "random_seed", int, 0) if seed is None else seed
     if temperature < 0:
         raise RequestError(f"input 'temperature': must be >= 0, got {temperature}")
     if temperature > 0 and not limits.sampled_requests:
@@ -240,11 +279,14 @@ def parse_request(get: Callable, tokenizer, max_seq_len: int, vocab_size: int,
         raise RequestError(f"input 'top_p': must be in (0, 1], got {top_p}")
     if top_k < 0:
         raise RequestError(f"input 'top_k': must be >= 0 (0 = off), got {top_k}")
+    end_id = _token_id(get, "end_id", vocab_size)
+    _token_id(get, "pad_id", vocab_size)
     if not _scalar(get, "ignore_eos", bool, False):
-        stop_ids |= set(eos_ids)
+        stop_ids |= {end_id} if end_id is not None else set(eos_ids)
     request = Request(
         tuple(prompt),
         SamplingParams(temperature, top_k, top_p, seed % 2**64),
         StopCriteria(max_tokens, frozenset(stop_ids), tuple(stop_words)),
+        bad_words,
     )
     return ParsedRequest(request, _scalar(get, "stream", bool, False))

@@ -7,6 +7,8 @@ The templates are the top-level `triton_model_repo/` (installed as `dflash_trt.t
     REPO/dflash/1/model.py        thin entry point (triton/python_model.py)
     REPO/dflash_ar/...            the same bundle decoded autoregressively (mode: autoregressive), the
                                   baseline `dflash-trt bench --url` measures side by side
+    REPO/ensemble/...             TensorRT-LLM's Triton client names and [batch, ...] shapes, forwarded
+                                  to dflash over BLS (triton/ensemble.py)
 
 `render_config` fills a template's `${...}` fields (triton_model_repo/README.md lists them). Each
 model is written in a scratch folder beside the repository (never inside it: Triton would take a
@@ -28,7 +30,8 @@ from dflash_trt.engine.bundle import verify_bundle
 
 MODEL_NAME = "dflash"
 AR_MODEL_NAME = "dflash_ar"
-MODELS = (MODEL_NAME, AR_MODEL_NAME)
+ENSEMBLE_MODEL_NAME = "ensemble"  # TensorRT-LLM's client names over `dflash` (triton/ensemble.py)
+MODELS = (MODEL_NAME, AR_MODEL_NAME, ENSEMBLE_MODEL_NAME)
 
 
 def template_root() -> Path:
@@ -71,7 +74,7 @@ def publish(bundle: str | Path, repository: str | Path, with_autoregressive: boo
     bundle, repository = Path(bundle).resolve(), Path(repository)
     manifest = verify_bundle(bundle)
     repository.mkdir(parents=True, exist_ok=True)
-    for name in MODELS if with_autoregressive else MODELS[:1]:
+    for name in MODELS if with_autoregressive else (MODEL_NAME, ENSEMBLE_MODEL_NAME):
         config = render_config(bundle, manifest, name, **overrides)
 
         def fill(tmp: Path, config=config, source=template(name)) -> None:
