@@ -79,3 +79,30 @@ def temperature_plot(results, path: str | Path) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return Path(path)
+
+
+def chain_plot(points, path: str | Path) -> Path:
+    """End-to-end chain latency per model and number of parallel chains: one box per (model, K)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    levels = sorted({p.parallel for p in points})
+    models = sorted({p.model for p in points})
+    width = 0.8 / max(1, len(models))
+    for i, model in enumerate(models):
+        mine = {p.parallel: p for p in points if p.model == model}
+        xs = [j + (i - (len(models) - 1) / 2) * width for j, k in enumerate(levels) if k in mine]
+        data = [mine[k].latencies_s for k in levels if k in mine]
+        box = ax.boxplot(data, positions=xs, widths=width * 0.9, patch_artist=True)
+        for patch in box["boxes"]:
+            patch.set_facecolor(f"C{i}")
+        ax.plot([], [], color=f"C{i}", linewidth=8, label=model)
+    ax.set_xticks(range(len(levels)), [f"{k} parallel" for k in levels])
+    calls = points[0].calls if points else 0
+    ax.set_ylabel("chain latency, s (end to end)")
+    ax.set_title(f"agent chains of {calls} dependent calls: DFlash vs autoregressive")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)

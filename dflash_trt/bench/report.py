@@ -57,3 +57,18 @@ def print_served(points, ratios: dict[int, float]) -> None:
                 _console.print(f"T {t:g}, concurrency {c}: DFlash / autoregressive throughput = {ratio:.2f}x")
     for c, r in ratios.items():
         _console.print(f"DFlash throughput at concurrency {c} = {r:.2f}x concurrency 1")
+
+
+def print_chains(points, speedups: dict[int, float], identical: dict[int, bool]) -> None:
+    calls = points[0].calls if points else 0
+    table = Table(title=f"agent chains: {calls} dependent calls each, gRPC streaming, one run")
+    for column in ("model", "parallel chains", "chains", "mean s", "p50 s", "p90 s", "stdev s", "per call ms"):
+        table.add_column(column, justify="right")
+    for p in points:
+        table.add_row(p.model, str(p.parallel), str(len(p.latencies_s)), f"{p.mean_s:.2f}", f"{p.quantile(0.5):.2f}",
+                      f"{p.quantile(0.9):.2f}", f"{p.stdev_s:.2f}", f"{sum(p.call_s) / len(p.call_s) * 1e3:.0f}")
+    _console.print(table)
+    for k, ratio in speedups.items():
+        same = identical.get(k)
+        note = "" if points[0].temperature > 0 else (", answers identical" if same else ", ANSWERS DIFFER")
+        _console.print(f"{k} parallel chains: DFlash chain latency = {ratio:.2f}x faster than autoregressive{note}")

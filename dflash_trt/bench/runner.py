@@ -112,3 +112,26 @@ def run_served(url, prompts_path, num_prompts, levels, max_new_tokens, sampling,
                                 if p.model == "dflash"}, block, out / "acceptance_histogram.png")
     report.say(f"wrote {out / 'results.json'}, {out / 'pareto.png'}, {out / 'acceptance_histogram.png'}")
     return points
+
+
+def run_chains(url, prompts_path, num_prompts, calls, levels, max_new_tokens, sampling, out_dir):
+    from rich.progress import Progress
+
+    from dflash_trt.bench.chain import chain_sweep, identical_answers, speedups
+
+    prompts = load_prompts(prompts_path, None, num_prompts, served=True)
+    with Progress(transient=True) as progress:
+        def factory(name, total):
+            task = progress.add_task(name, total=total)
+            return lambda: progress.advance(task)
+
+        points = chain_sweep(url, prompts, calls, levels, max_new_tokens, sampling, progress_factory=factory)
+    ratios, same = speedups(points), identical_answers(points)
+    report.print_chains(points, ratios, same)
+    out = _write(out_dir, _header("chains", url=url, max_new_tokens=max_new_tokens, sampling=sampling, calls=calls,
+                                  points=[p.to_dict() for p in points], speedup=ratios, answers_identical=same))
+    plots.chain_plot(points, out / "chain_latency.png")
+    report.say(f"wrote {out / 'results.json'}, {out / 'chain_latency.png'}")
+    if sampling.get("temperatures", [0])[0] == 0 and not all(same.values()):
+        raise SystemExit("greedy chains handed down different answers on dflash and dflash_ar: not lossless")
+    return points

@@ -36,11 +36,15 @@ from dflash_trt.cli.types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, FLOAT_LIST, INT_
 @click.option("--draft-vocab", type=DRAFT_VOCAB, default="auto", show_default=True, help="Local mode. " + DRAFT_VOCAB_HELP)
 @click.option("--reference", is_flag=True, help="Local mode: also race z-lab's dflash_generate (dflash==0.1.0) on "
               "the same prompts, alternating, and check its tokens are identical (greedy only).")
+@click.option("--chain", "chain_calls", type=click.IntRange(min=1),
+              help="Served mode: agent chains of this many dependent calls (each prompt carries the previous "
+                   "answer); --concurrency is then the number of chains side by side. End-to-end chain latency, "
+                   "DFlash vs AR.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
               help="Folder for results.json and the PNG plots.")
 def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, concurrency, max_new_tokens,
                   temperatures, seed, device, threads, adaptive_cost, width_policy, draft_vocab, draft_confidence, reference,
-                  out_dir):
+                  chain_calls, out_dir):
     """Same prompts, both ways, in one run: τ, per-position acceptance, tokens/s, TTFT/TPOT, speed-up.
 
     Local: batch-1 decoding on the torch runtime for each block size. Served (--url): a concurrency
@@ -64,7 +68,14 @@ def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, co
         from dflash_trt.runtime.local import default_draft_confidence
 
         draft_confidence = default_draft_confidence(device)
-    if url:
+    if chain_calls and not url:
+        raise click.BadParameter("agent chains run through a server: add --url HOST:GRPC_PORT", param_hint="--chain")
+    if chain_calls:
+        if len(temperatures) > 1:
+            raise click.BadParameter("chains run at one temperature", param_hint="--temperature")
+        runner.run_chains(url, prompts_path, num_prompts or 16, chain_calls, concurrency, max_new_tokens, sampling,
+                          out_dir)
+    elif url:
         num_prompts = num_prompts or max(16, 4 * max(concurrency))
         runner.run_served(url, prompts_path, num_prompts, concurrency, max_new_tokens, sampling, out_dir)
     else:
