@@ -15,10 +15,7 @@ MAX_TOKENS=${MAX_TOKENS:-64}
 TEMPERATURE=${TEMPERATURE:-0}
 AIPERF_VENV=${AIPERF_VENV:-.venv-aiperf}
 OUT=out/bench_aiperf
-if [ ! -x "$AIPERF_VENV/bin/aiperf" ]; then
-  python -m venv "$AIPERF_VENV"
-  "$AIPERF_VENV/bin/pip" install -q "aiperf==0.13.0"
-fi
+AIPERF_VENV=$AIPERF_VENV ./scripts/setup_aiperf.sh
 dflash-trt build "$CONFIG" >/dev/null
 read -r HTTP GRPC METRICS OPENAI < <(python -c "from dflash_trt.triton.server import free_port as f; print(f(), f(), f(), f())")
 mkdir -p "$OUT"
