@@ -8,7 +8,7 @@ Targets: Qwen3 (`Qwen3ForCausalLM`) and Llama 3.x (`LlamaForCausalLM`). Drafters
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from dflash_trt.checkpoint.json_fields import Fields
@@ -177,6 +177,34 @@ def parse_target_config(data: dict, path: Path) -> TargetConfig:
         eos_token_ids=tuple(int(e) for e in eos),
         bos_token_id=f.int("bos_token_id", None),
     )
+
+
+GENERATION_CONFIG = "generation_config.json"
+
+
+def generation_eos_ids(folder: Path) -> tuple[int, ...]:
+    """`eos_token_id` (an id or a list) of a model folder's generation_config.json, () without one.
+
+    HF `generate` stops on every id listed there (GenerationConfig.from_pretrained reads this file;
+    only without it does it fall back to config.json's): Qwen3 lists `<|endoftext|>` (151643) there
+    beside config.json's 151645."""
+    path = Path(folder) / GENERATION_CONFIG
+    if not path.is_file():
+        return ()
+    from dflash_trt.checkpoint.json_fields import load_json
+
+    f = Fields(load_json(path), path)
+    eos = f.get("eos_token_id", (int, list), [])
+    eos = [eos] if isinstance(eos, int) else eos
+    if not all(type(e) is int and e >= 0 for e in eos):
+        raise f.error("eos_token_id", f"expected a token id or a list of token ids, got {eos}")
+    return tuple(eos)
+
+
+def with_generation_stops(config: TargetConfig, folder: Path) -> TargetConfig:
+    """The config's EOS ids joined with generation_config.json's (config.json's first, order kept)."""
+    extra = tuple(e for e in generation_eos_ids(folder) if e not in config.eos_token_ids)
+    return replace(config, eos_token_ids=config.eos_token_ids + extra) if extra else config
 
 
 def _dflash_value(f: Fields, d: Fields, key: str, kind: str, default=None):

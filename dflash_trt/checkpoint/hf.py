@@ -16,6 +16,7 @@ from dflash_trt.checkpoint.configs import (
     TransformerDims,
     parse_draft_config,
     parse_target_config,
+    with_generation_stops,
 )
 from dflash_trt.checkpoint.json_fields import load_json
 from dflash_trt.checkpoint.weights import WeightFiles, check_tensors
@@ -93,6 +94,7 @@ def read_target(folder: str | Path) -> TargetCheckpoint:
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: target folder not found")
     config = parse_target_config(load_json(folder / "config.json"), folder / "config.json")
+    config = with_generation_stops(config, folder)  # HF generate stops on generation_config.json's ids too
     weights = WeightFiles(folder)
     optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
     check_tensors(weights, target_shapes(config), optional=optional, ignored=_ignored(weights))

@@ -28,7 +28,7 @@ from dflash_trt.errors import CheckpointError
 from dflash_trt.model.draft_vocab import VOCAB_FILE
 
 FORMAT_VERSION = 2  # 2: manifest_sha256, unlisted files refused
-MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                "chat_template.jinja", "model.safetensors.index.json", VOCAB_FILE)
 
 

@@ -86,7 +86,19 @@ def _trtllm_runners(bundle, limits: ServiceLimits) -> BundleRunners:
     tokenizer = load_tokenizer(folder) if has_tokenizer(folder) else None
     detokenize = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None
     return BundleRunners(target, draft if limits.block_size != 1 else None, tokenizer, target.vocab_size,
-                         eos_ids((), tokenizer), detokenize)
+                         eos_ids(_hf_eos(folder), tokenizer), detokenize)
+
+
+def _hf_eos(folder: Path) -> tuple[int, ...]:
+    """The target's EOS ids in a TensorRT-LLM bundle: hf_config.json's, then generation_config.json's."""
+    from dflash_trt.checkpoint.configs import generation_eos_ids
+    from dflash_trt.checkpoint.json_fields import Fields, load_json
+
+    ids: tuple[int, ...] = ()
+    if (folder / "hf_config.json").is_file():
+        eos = Fields(load_json(folder / "hf_config.json"), folder / "hf_config.json").get("eos_token_id", (int, list), [])
+        ids = tuple([eos] if isinstance(eos, int) else eos)
+    return ids + tuple(e for e in generation_eos_ids(folder) if e not in ids)
 
 
 def eos_ids(config_eos, tokenizer) -> frozenset[int]:

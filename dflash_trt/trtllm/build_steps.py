@@ -64,11 +64,12 @@ def convert_checkpoint(cfg: BuildConfig, plan, log=print) -> None:
 
 
 def build_target(cfg: BuildConfig, plan, tmp_dir: Path, log=print) -> None:
+    from dflash_trt.checkpoint.configs import GENERATION_CONFIG
     from dflash_trt.tokenizer import TOKENIZER_FILES
 
     write_model_class(tmp_dir / "target", plan.settings)
     run_trtllm_build(plan.build_args, log)
-    for name in TOKENIZER_FILES:
+    for name in (*TOKENIZER_FILES, GENERATION_CONFIG):
         if (cfg.target_path() / name).is_file():
             shutil.copy2(cfg.target_path() / name, tmp_dir / "target" / name)
     shutil.copy2(cfg.target_path() / "config.json", tmp_dir / "target" / "hf_config.json")
