@@ -157,3 +157,16 @@ def test_real_process_prints_no_traceback(pair):
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert "MistralForCausalLM" in proc.stderr
+
+
+def test_drafter_without_mask_token_id_is_a_clean_error(pair):
+    target, draft = pair
+    _edit_json(draft / "config.json", dflash_config__mask_token_id=None)  # null: as absent
+    _assert_clean_error(_generate(target, draft), str(draft / "config.json"), "dflash_config.mask_token_id",
+                        "missing (required)")
+
+
+def test_unknown_dflash_config_field_is_named(pair):
+    target, draft = pair
+    _edit_json(draft / "config.json", dflash_config__conv_kernel_size=2)
+    _assert_clean_error(_generate(target, draft), "dflash_config.conv_kernel_size", "not a DFlash (v1) setting")

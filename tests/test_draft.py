@@ -140,3 +140,67 @@ def test_context_folded_into_draft_pass_equals_append_then_draft(tiny_pair, tmp_
             n = int(start[row])
             assert torch.allclose(caches[0].k[:, slot, :, :n], caches[1].k[:, slot, :, :n], atol=1e-6)
             assert torch.allclose(caches[0].v[:, slot, :, :n], caches[1].v[:, slot, :, :n], atol=1e-6)
+
+
+def test_window_layers_derived_as_hf_without_layer_types(tiny_pair, tmp_path):
+    """use_sliding_window + max_window_layers and no layer_types: HF's Qwen3Config (z-lab's loader) makes the
+    layers from max_window_layers on sliding; ours reads the same and the forward matches z-lab's."""
+    import json
+
+    from tiny_models import make_draft
+
+    from dflash_trt.runtime.local import load_pair
+
+    target_dir, _, hf, _ = tiny_pair
+    oracle = make_draft(tmp_path / "d", hf.config, layer_types=None, sliding_window=5, use_sliding_window=True,
+                        max_window_layers=1)
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    del config["layer_types"]
+    (tmp_path / "d" / "config.json").write_text(json.dumps(config))
+    assert list(oracle.config.layer_types) == ["full_attention", "sliding_attention"]
+    pair = load_pair(target_dir, tmp_path / "d", dtype="fp32", device="cpu")
+    assert pair.draft.config.layer_types == ("full_attention", "sliding_attention")
+    assert [layer.window for layer in pair.draft.layers] == [None, 5]
+    ids = torch.randint(0, 255, (1, 19), generator=torch.Generator().manual_seed(2))
+    target_hidden = _oracle_features(hf, ids, list(pair.draft.config.target_layer_ids))
+    block = torch.tensor([[4] + [pair.draft.config.mask_token_id] * 7])
+    positions = torch.arange(27)[None]
+    ref = oracle(target_hidden=target_hidden, noise_embedding=hf.model.embed_tokens(block), position_ids=positions)
+    ours = pair.draft(pair.target.embed(block), positions[:, 19:], pair.draft.new_cache(1, 64), torch.arange(1),
+                      context=(target_hidden, positions[:, :19], None))
+    assert (ours - ref).abs().max() <= 1e-5
+
+
+def test_newer_zlab_config_layout_reads_as_zlab_reads_it(tiny_pair, tmp_path):
+    """The newer z-lab layout (z-lab/Qwen3.5-35B-A3B-DFlash, tests/fixtures/dflash2-config.json @0a7587c):
+    block size inside dflash_config, rope_parameters, explicit sliding layer_types, top-level is_causal."""
+    import json
+
+    from tiny_models import make_draft
+
+    from dflash_trt.runtime.local import load_pair
+
+    target_dir, _, hf, _ = tiny_pair
+    make_draft(tmp_path / "d", hf.config, layer_types=["sliding_attention", "full_attention"], sliding_window=4,
+               use_sliding_window=True, max_window_layers=2, is_causal=False)
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    config["dflash_config"]["block_size"] = config.pop("block_size") * 2
+    config["rope_parameters"] = {"rope_theta": config.pop("rope_theta") * 3, "rope_type": "default"}
+    (tmp_path / "d" / "config.json").write_text(json.dumps(config))
+    oracle = __import__("tiny_models").oracle_draft(config)
+    oracle.load_state_dict(__import__("safetensors.torch", fromlist=["load_file"]).load_file(
+        str(tmp_path / "d" / "model.safetensors")))
+    assert oracle.block_size == 16
+    pair = load_pair(target_dir, tmp_path / "d", dtype="fp32", device="cpu")
+    draft = pair.draft
+    assert draft.config.block_size == 16 and draft.config.dims.rope.theta == 30000.0
+    assert [layer.is_causal for layer in draft.layers] == [False, False]  # top-level is_causal: false
+    assert [layer.window for layer in draft.layers] == [4, None]
+    ids = torch.randint(0, 255, (1, 21), generator=torch.Generator().manual_seed(3))
+    target_hidden = _oracle_features(hf, ids, list(draft.config.target_layer_ids))
+    block = torch.tensor([[8] + [draft.config.mask_token_id] * 15])
+    positions = torch.arange(37)[None]
+    ref = oracle(target_hidden=target_hidden, noise_embedding=hf.model.embed_tokens(block), position_ids=positions)
+    ours = draft(pair.target.embed(block), positions[:, 21:], draft.new_cache(1, 64), torch.arange(1),
+                 context=(target_hidden, positions[:, :21], None))
+    assert (ours - ref).abs().max() <= 1e-5

@@ -7,12 +7,15 @@ Targets: Qwen3 (`Qwen3ForCausalLM`) and Llama 3.x (`LlamaForCausalLM`). Drafters
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from dflash_trt.checkpoint.json_fields import Fields
 from dflash_trt.errors import UnsupportedModelError
+
+log = logging.getLogger(__name__)
 
 TARGET_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
 DRAFT_ARCHITECTURES = {"DFlashDraftModel"}
@@ -213,6 +216,30 @@ def _dflash_value(f: Fields, d: Fields, key: str, kind: str, default=None):
     return getattr(source, kind)(key, default)
 
 
+# what z-lab's DFlashDraftModel reads from dflash_config (dflash/model.py @07ebd93: `_draft_value`)
+DFLASH_CONFIG_KEYS = {"block_size", "mask_token_id", "target_layer_ids", "input_embedding_scale", "output_multiplier",
+                      "final_logit_softcapping", "is_causal"}
+HF_SLIDING_WINDOW, HF_MAX_WINDOW_LAYERS = 4096, 28  # transformers Qwen3Config defaults
+
+
+def _layer_types(f: Fields, num_layers: int) -> tuple[list[str], int | None]:
+    """(layer_types, sliding_window) as HF's Qwen3Config derives them, which z-lab's loader uses:
+    sliding_window counts only with use_sliding_window (default 4096); without explicit layer_types, the
+    layers from max_window_layers (default 28) on are 'sliding_attention' when a window is set."""
+    sliding_window = None
+    if f.get("use_sliding_window", bool, False):
+        sliding_window = f.int("sliding_window", None if "sliding_window" in f.data else HF_SLIDING_WINDOW, minimum=1)
+    layer_types = f.get("layer_types", list, None)
+    if layer_types is None:
+        first = f.int("max_window_layers", HF_MAX_WINDOW_LAYERS, minimum=0)
+        layer_types = ["sliding_attention" if sliding_window is not None and i >= first else "full_attention"
+                       for i in range(num_layers)]
+    if len(layer_types) != num_layers or set(layer_types) - {"full_attention", "sliding_attention"}:
+        raise f.error("layer_types",
+                      f"expected {num_layers} entries of 'full_attention'/'sliding_attention', got {layer_types}")
+    return layer_types, sliding_window
+
+
 def parse_draft_config(data: dict, path: Path) -> DraftConfig:
     f = Fields(data, path)
     archs = f.get("architectures", list, [])
@@ -237,31 +264,28 @@ def parse_draft_config(data: dict, path: Path) -> DraftConfig:
         ids = default_target_layer_ids(num_target_layers, dims.num_layers)
     if not ids or len(set(ids)) != len(ids):
         raise d.error("target_layer_ids", f"expected distinct layer ids, got {ids}")
-    layer_types = f.get("layer_types", list, None) or ["full_attention"] * dims.num_layers
-    if len(layer_types) != dims.num_layers or set(layer_types) - {"full_attention", "sliding_attention"}:
-        raise f.error(
-            "layer_types",
-            f"expected {dims.num_layers} entries of 'full_attention'/'sliding_attention', got {layer_types}",
-        )
-    # HF Qwen3Config (which z-lab's loader uses) keeps sliding_window only with use_sliding_window:
-    # without it a 'sliding_attention' layer is causal with no window
-    sliding_window = None
-    if f.get("use_sliding_window", bool, False):
-        sliding_window = f.int("sliding_window", None, minimum=1)
-        if "sliding_attention" in layer_types and sliding_window is None:
-            raise f.error("sliding_window", "required when use_sliding_window is true and layer_types has "
-                                            "'sliding_attention'")
+    layer_types, sliding_window = _layer_types(f, dims.num_layers)
+    if d.has("is_causal") and not f.has("is_causal"):
+        log.warning("%s: field 'dflash_config.is_causal' is ignored: z-lab's loader reads is_causal at the top "
+                    "level only (absent there: sliding layers causal, full-attention layers bidirectional)", path)
+    unknown = sorted(set(d.data) - DFLASH_CONFIG_KEYS)
+    if unknown:
+        raise d.error(unknown[0], f"not a DFlash (v1) setting; known: {', '.join(sorted(DFLASH_CONFIG_KEYS))}")
+    mask_token_id = _dflash_value(f, d, "mask_token_id", "int")
+    if mask_token_id is None:
+        raise d.error("mask_token_id", "missing (required): the token id the drafter was trained with in "
+                                       "masked block slots (z-lab writes it in dflash_config)")
     softcap = _dflash_value(f, d, "final_logit_softcapping", "float")
     config = DraftConfig(
         vocab_size=f.int("vocab_size", minimum=1),
         dims=dims,
         block_size=_dflash_value(f, d, "block_size", "int", 16),
-        mask_token_id=_dflash_value(f, d, "mask_token_id", "int"),
+        mask_token_id=mask_token_id,
         target_layer_ids=tuple(ids),
         num_target_layers=num_target_layers,
         layer_types=tuple(layer_types),
         sliding_window=sliding_window,
-        is_causal=_dflash_value(f, d, "is_causal", "bool"),
+        is_causal=f.bool("is_causal", None),  # top level only, as z-lab reads it
         input_embedding_scale=_dflash_value(f, d, "input_embedding_scale", "float", 1.0),
         output_multiplier=_dflash_value(f, d, "output_multiplier", "float", 1.0),
         final_logit_softcapping=softcap if softcap and softcap > 0 else None,
