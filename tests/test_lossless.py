@@ -59,3 +59,28 @@ def test_stop_token_inside_accepted_block_drops_the_rest(loaded_tiny_pair):
     draft = ScriptedDraft(loaded_tiny_pair.draft, [[1, 2, 3] + full], corrupt=0.0)
     out = speculative_generate(loaded_tiny_pair.target, draft, [stopping], 16)[0]
     assert out.tokens == full[: first + 1] and out.finish_reason == "stop"
+
+
+def test_the_last_block_narrows_to_what_remains(loaded_tiny_pair):
+    """z-lab's dflash_generate verifies min(block_size, what is left): so do we, locally and in the
+    scheduler — fewer verify rows, the same tokens."""
+    from dflash_trt.runtime.service import DFlashService, ServiceLimits
+
+    requests = [Request((1, 2, 3, 4), SamplingParams(), StopCriteria(n)) for n in (1, 2, 3, 5, 9)]
+    ar = autoregressive_generate(loaded_tiny_pair.target, requests)
+    local = [speculative_generate(loaded_tiny_pair.target,
+                                  ScriptedDraft(loaded_tiny_pair.draft, [[1, 2, 3, 4] + a.tokens], corrupt=0.3, seed=i),
+                                  [r], 16)[0] for i, (r, a) in enumerate(zip(requests, ar))]
+    svc = DFlashService(loaded_tiny_pair, ServiceLimits(max_batch_size=1, max_seq_len=64, block_size=16))
+    try:
+        served = svc.generate(requests)
+    finally:
+        svc.shutdown()
+    for request, a, results in zip(requests, ar, zip(local, served)):
+        for result in results:
+            assert result.tokens == a.tokens
+            bound, remaining = 0, request.stop.max_new_tokens - 1  # the prefill chose the first token
+            for committed in result.acceptance_lengths:  # each step verifies at most what remains
+                bound, remaining = bound + remaining - 1, remaining - committed
+            assert result.draft_tokens <= bound, (request.stop, result.draft_tokens, bound)
+    assert any(r.accepted_drafts and max(r.accepted_drafts) > 0 for r in local)

@@ -96,6 +96,7 @@ def speculative_generate(
             step_width = min(width.width(bands), block_size)
         else:
             step_width = min(width.width(), block_size) if width is not None else block_size
+        step_width = min(step_width, max(rows[i].remaining for i in active_ids))  # no row commits more
         # an AR step (width 1) keeps the committed context pending: the next draft pass stores it all at once
         keep_pending = step_width == 1 and pending is not None and torch.equal(pending[0], active)
         context = None if keep_pending else draft.take_context(pending, draft_cache, active)

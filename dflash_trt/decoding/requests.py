@@ -89,6 +89,11 @@ class Row:
     def done(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def remaining(self) -> int:
+        """Tokens this row may still commit (a verify of more rows than this commits no more)."""
+        return self.request.stop.max_new_tokens - len(self.tokens)
+
     def commit(self, new: list[int], on_commit: OnCommit | None = None) -> int:
         """Append target-chosen tokens up to the first stop; returns how many were kept."""
         stop = self.request.stop

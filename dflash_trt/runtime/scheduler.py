@@ -284,7 +284,7 @@ class Scheduler:
         start = torch.tensor([s.start for s in seqs], device=self.device)
         t0 = time.perf_counter()
         bands = [temperature_band(s.request.params.temperature) for s in seqs]
-        width = self.verify_width(len(seqs), bands)
+        width = min(self.verify_width(len(seqs), bands), max(s.row.remaining for s in seqs))  # the last blocks narrow
         sampling = self._sampling(seqs)
         if self.draft is not None and width > 1:
             drafts = self.draft.propose(slots, bonus, start, width, sampling)  # [n, K]; sampled rows: coupled
