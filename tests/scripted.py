@@ -63,7 +63,7 @@ class ScriptedDraft:
         return self.draft(noise_embedding, block_positions, cache, slots, context)
 
     def draft_block(self, noise_embedding, block_positions, cache, slots, context, lm_head, min_confidence=0.0,
-                    sampling=None):
+                    sampling=None, anchor=None):
         """`DFlashDraft.draft_block` as a whole pass, then the scripted proposals (the script, whatever the
         requests' sampling: scripted drafts exercise acceptance, not the coupling)."""
         hidden = self(noise_embedding, block_positions, cache, slots, context)

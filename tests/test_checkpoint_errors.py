@@ -100,10 +100,24 @@ def test_unknown_target_architecture(pair, archs, fragment):
     _assert_clean_error(_generate(target, draft), "field 'architectures'", fragment, "Qwen3ForCausalLM")
 
 
-def test_dflash2_drafter_is_refused_clearly(pair):
+def test_dflash2_drafter_without_its_fields_is_a_clean_error(pair):
     target, draft = pair
     _edit_json(draft / "config.json", architectures=["DFlash2DraftModel"])
-    _assert_clean_error(_generate(target, draft), "DFlash2DraftModel", "not supported")
+    _assert_clean_error(_generate(target, draft), "dflash_config.conv_group_size", "required for DFlash2DraftModel")
+
+
+def test_dflash2_drafter_without_its_tensors_is_a_clean_error(pair):
+    target, draft = pair
+    _edit_json(draft / "config.json", architectures=["DFlash2DraftModel"], dflash_config__conv_kernel_size=2,
+               dflash_config__conv_group_size=16, dflash_config__selector_rank=8, dflash_config__selector_top_k=4)
+    _assert_clean_error(_generate(target, draft), "missing tensors", "attention_conv.base_kernel")
+
+
+def test_dflash2_group_size_must_divide_the_hidden_size(pair):
+    target, draft = pair
+    _edit_json(draft / "config.json", architectures=["DFlash2DraftModel"], dflash_config__conv_kernel_size=2,
+               dflash_config__conv_group_size=5, dflash_config__selector_rank=8, dflash_config__selector_top_k=4)
+    _assert_clean_error(_generate(target, draft), "dflash_config.conv_group_size", "does not divide hidden_size=64")
 
 
 def test_unsupported_rope_type(pair):

@@ -153,7 +153,8 @@ def test_onnx_draft_decode_is_token_identical_to_torch(exported, schedule):
     assert len(lockstep.steps) > 20
     widths = {proposed.shape[1] + 1 for _, proposed in lockstep.steps}
     full = pair.draft.config.block_size
-    assert widths == {full} if schedule is None else {5, 3} <= widths <= {full, 5, 3}
+    assert max(widths) == full if schedule is None else {5, 3} <= widths  # (the last blocks narrow too)
+    assert widths <= set(range(1, full + 1))
 
 
 @pytest.mark.parametrize("target,draft", [("tiny-qwen3", "tiny-qwen3-dflash")])

@@ -85,3 +85,39 @@ def make_draft(folder: Path, target_config, seed: int = 1, scale: float = 1.0, *
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(folder / "model.safetensors"))
     return model
+
+
+def dflash2_config_dict(target_config, conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4,
+                        **kw):
+    """A DFlash2 drafter config (z-lab tests/fixtures/dflash2-config.json's layout, tiny)."""
+    config = draft_config_dict(target_config, **kw)
+    config["architectures"] = ["DFlash2DraftModel"]
+    config["dflash_config"] |= {"block_size": config.pop("block_size"), "conv_kernel_size": conv_kernel_size,
+                                "conv_group_size": conv_group_size, "selector_rank": selector_rank,
+                                "selector_top_k": selector_top_k}
+    return config
+
+
+def make_dflash2_draft(folder: Path, target_config, seed: int = 1, scale: float = 1.0, **kw):
+    """Save a random DFlash2 drafter as z-lab ships them (codebooks without `.weight`); returns z-lab's
+    `DFlash2DraftModel` (dflash==0.1.0) holding the same weights."""
+    from dflash.model import DFlash2DraftModel
+    from transformers import Qwen3Config
+
+    torch.manual_seed(seed)
+    config = dflash2_config_dict(target_config, **kw)
+    model = DFlash2DraftModel(Qwen3Config(**config)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("base_kernel"):
+                p.normal_(0, 0.3 * scale)
+            elif "candidate_selector" in name:  # a pairwise term that can overrule the unary argmax
+                p.normal_(0, 0.5)
+            elif p.dim() > 1:
+                p.normal_(0, 0.05 * scale)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    state = {k.removesuffix(".weight") if "codebook" in k else k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / "model.safetensors"))
+    return model

@@ -18,7 +18,7 @@ from dflash_trt.errors import UnsupportedModelError
 log = logging.getLogger(__name__)
 
 TARGET_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
-DRAFT_ARCHITECTURES = {"DFlashDraftModel"}
+DRAFT_ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -79,6 +79,15 @@ class DraftConfig:
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
+    architecture: str = "dflash"  # "dflash" | "dflash2" (model/dflash2.py: convolutions + candidate selector)
+    conv_kernel_size: int | None = None  # DFlash2 only, as the next three
+    conv_group_size: int | None = None
+    selector_rank: int | None = None
+    selector_top_k: int | None = None
+
+    @property
+    def is_dflash2(self) -> bool:
+        return self.architecture == "dflash2"
 
     def layer_is_causal(self, i: int) -> bool:
         if self.is_causal is not None:
@@ -219,7 +228,23 @@ def _dflash_value(f: Fields, d: Fields, key: str, kind: str, default=None):
 # what z-lab's DFlashDraftModel reads from dflash_config (dflash/model.py @07ebd93: `_draft_value`)
 DFLASH_CONFIG_KEYS = {"block_size", "mask_token_id", "target_layer_ids", "input_embedding_scale", "output_multiplier",
                       "final_logit_softcapping", "is_causal"}
+DFLASH2_CONFIG_KEYS = {"conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"}
 HF_SLIDING_WINDOW, HF_MAX_WINDOW_LAYERS = 4096, 28  # transformers Qwen3Config defaults
+
+
+def _dflash2_fields(f: Fields, d: Fields, hidden_size: int) -> dict:
+    """DFlash2's settings (z-lab reads each with `int(_draft_value(config, name))`: required, no default)."""
+    out = {}
+    for key in sorted(DFLASH2_CONFIG_KEYS):
+        value = _dflash_value(f, d, key, "int")
+        if value is None:
+            raise d.error(key, "missing (required for DFlash2DraftModel)")
+        if value < 1:
+            raise d.error(key, f"must be >= 1, got {value}")
+        out[key] = value
+    if hidden_size % out["conv_group_size"]:
+        raise d.error("conv_group_size", f"{out['conv_group_size']} does not divide hidden_size={hidden_size}")
+    return out
 
 
 def _layer_types(f: Fields, num_layers: int) -> tuple[list[str], int | None]:
@@ -242,18 +267,12 @@ def _layer_types(f: Fields, num_layers: int) -> tuple[list[str], int | None]:
 
 def parse_draft_config(data: dict, path: Path) -> DraftConfig:
     f = Fields(data, path)
-    archs = f.get("architectures", list, [])
-    if "DFlash2DraftModel" in archs:
-        raise UnsupportedModelError(
-            f"{path}: field 'architectures': DFlash2DraftModel (candidate selector, dynamic "
-            "convolutions) is not supported yet; use a DFlash (v1) drafter"
-        )
     if f.has("draft_vocab_size"):
         raise UnsupportedModelError(
             f"{path}: field 'draft_vocab_size': speculators-format drafters (own reduced vocab, "
             "d2t/t2d maps) are not supported; convert to the z-lab format"
         )
-    _architecture(f, DRAFT_ARCHITECTURES)
+    architecture = DRAFT_ARCHITECTURES[_architecture(f, DRAFT_ARCHITECTURES)]
     d = f.sub("dflash_config")
     dims = parse_dims(f, "qwen3")
     num_target_layers = f.int("num_target_layers", None, minimum=1)
@@ -268,9 +287,14 @@ def parse_draft_config(data: dict, path: Path) -> DraftConfig:
     if d.has("is_causal") and not f.has("is_causal"):
         log.warning("%s: field 'dflash_config.is_causal' is ignored: z-lab's loader reads is_causal at the top "
                     "level only (absent there: sliding layers causal, full-attention layers bidirectional)", path)
-    unknown = sorted(set(d.data) - DFLASH_CONFIG_KEYS)
+    known = DFLASH_CONFIG_KEYS | (DFLASH2_CONFIG_KEYS if architecture == "dflash2" else set())
+    unknown = sorted(set(d.data) - known)
     if unknown:
-        raise d.error(unknown[0], f"not a DFlash (v1) setting; known: {', '.join(sorted(DFLASH_CONFIG_KEYS))}")
+        hint = "" if architecture == "dflash2" or unknown[0] not in DFLASH2_CONFIG_KEYS else \
+            " (a DFlash2 field: DFlash2 drafters say architectures: [DFlash2DraftModel])"
+        what = "DFlash2" if architecture == "dflash2" else "DFlash (v1)"
+        raise d.error(unknown[0], f"not a {what} setting{hint}; known: {', '.join(sorted(known))}")
+    dflash2 = _dflash2_fields(f, d, dims.hidden_size) if architecture == "dflash2" else {}
     mask_token_id = _dflash_value(f, d, "mask_token_id", "int")
     if mask_token_id is None:
         raise d.error("mask_token_id", "missing (required): the token id the drafter was trained with in "
@@ -289,6 +313,8 @@ def parse_draft_config(data: dict, path: Path) -> DraftConfig:
         input_embedding_scale=_dflash_value(f, d, "input_embedding_scale", "float", 1.0),
         output_multiplier=_dflash_value(f, d, "output_multiplier", "float", 1.0),
         final_logit_softcapping=softcap if softcap and softcap > 0 else None,
+        architecture=architecture,
+        **dflash2,
     )
     if config.block_size < 2:
         raise f.error("block_size", f"must be >= 2, got {config.block_size}")

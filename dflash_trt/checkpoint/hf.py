@@ -81,6 +81,15 @@ def draft_shapes(config: DraftConfig) -> dict[str, tuple[int, ...]]:
     }
     for layer in range(d.num_layers):
         shapes |= layer_shapes(d, f"layers.{layer}.")
+        if config.is_dflash2:  # model/dflash2.py
+            k, g = config.conv_kernel_size, d.hidden_size // config.conv_group_size
+            for conv in ("attention_conv", "mlp_conv"):
+                shapes[f"layers.{layer}.{conv}.base_kernel"] = (2, k, d.hidden_size)
+                shapes[f"layers.{layer}.{conv}.kernel_projection.weight"] = (2 * k * g, d.hidden_size)
+    if config.is_dflash2:
+        shapes["candidate_selector.hidden_projection.weight"] = (config.selector_rank, d.hidden_size)
+        shapes["candidate_selector.predecessor_codebook"] = (config.vocab_size, config.selector_rank)
+        shapes["candidate_selector.successor_codebook"] = (config.vocab_size, config.selector_rank)
     return shapes
 
 

@@ -164,6 +164,10 @@ def convert(config: ConvertConfig) -> ConvertResult:
     _check_out(out)
     target_ckpt, draft_ckpt = read_target(config.target), read_draft(config.draft)
     check_pair(target_ckpt, draft_ckpt)
+    if draft_ckpt.config.is_dflash2:
+        raise UnsupportedModelError(f"{draft_ckpt.folder / 'config.json'}: field 'architectures': DFlash2DraftModel: "
+                                    "the TensorRT-LLM checkpoint layout has no DFlash2 tensors (convolutions, candidate "
+                                    "selector); serve it with backend: torch, which runs DFlash2")
     cfgs = {"target": _model_config(target_ckpt.config, config, "target"),
             "draft": _model_config(draft_ckpt.config, config, "draft")}
     for kind, ckpt in (("target", target_ckpt), ("draft", draft_ckpt)):

@@ -111,7 +111,7 @@ def speculative_generate(
         block[:, 0] = bonus[active]
         if step_width > 1:
             drafts = draft.draft_block(target.embed(block), block_positions, draft_cache, active, context,
-                                       target.lm_head, min_confidence, row_params)  # [n, K' <= K]
+                                       target.lm_head, min_confidence, row_params, anchor=block[:, 0])  # [n, K']
         else:  # a plain AR step: no draft pass (its context waits in `pending`, merged below)
             drafts = torch.zeros(active.numel(), 0, dtype=torch.int64, device=device)
         block = block[:, : drafts.shape[1] + 1]

@@ -19,6 +19,7 @@ from torch import nn
 
 from dflash_trt.checkpoint.configs import DraftConfig
 from dflash_trt.model import cpu_layers, cpu_ops
+from dflash_trt.model.dflash2 import CandidateSelector, GroupedDynamicConv
 from dflash_trt.model.draft_heads import (
     CONFIDENCE_FIRST,
     VocabHead,
@@ -47,6 +48,11 @@ class DraftLayer(nn.Module):
         self.mlp = MLP(d)
         self.is_causal = config.layer_is_causal(index)
         self.window = config.layer_window(index)
+        if config.is_dflash2:  # convolutions around both sublayers (model/dflash2.py)
+            self.attention_conv = GroupedDynamicConv(d.hidden_size, config.conv_kernel_size, config.conv_group_size)
+            self.mlp_conv = GroupedDynamicConv(d.hidden_size, config.conv_kernel_size, config.conv_group_size)
+        else:
+            self.attention_conv = self.mlp_conv = None
 
     def visible(self, q_pos: torch.Tensor, key_end: torch.Tensor, s: int, uniform: bool) -> torch.Tensor | None:
         """Mask [B, 1, Q or 1, s] over cache positions 0..s-1, or None when every key is visible.
@@ -80,6 +86,9 @@ class DraftLayer(nn.Module):
         block's K/V go into the cache at their positions, the block's queries attend to cache 0..s-1.
         """
         h = self.input_layernorm(x)
+        after = None
+        if self.attention_conv is not None:  # DFlash2: the block rows only, never the context
+            h, after = self.attention_conv.prepare(h)
         n_ctx = 0
         if context is not None:
             n_ctx = context.shape[1]
@@ -87,8 +96,13 @@ class DraftLayer(nn.Module):
         q, k, v = self.self_attn.query_key_value(h, *rope, q_from=n_ctx)
         cache.write(layer, slots, positions, k, v, valid)
         keys, values = cache.read(layer, slots, s)
-        x = x + self.self_attn.attend(q, keys, values, visible)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attended = self.self_attn.attend(q, keys, values, visible)
+        x = x + (attended if after is None else self.attention_conv.finish(attended, after))
+        h = self.post_attention_layernorm(x)
+        if self.mlp_conv is None:
+            return x + self.mlp(h)
+        h, after = self.mlp_conv.prepare(h)
+        return x + self.mlp_conv.finish(self.mlp(h), after)
 
 
 class DFlashDraft(nn.Module):
@@ -102,6 +116,11 @@ class DFlashDraft(nn.Module):
         self.hidden_norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
         self.rotary = Rotary(d.rope, d.head_dim)
         self.vocab: tuple[torch.Tensor, VocabHead] | None = None  # (token ids, head rows) of a draft vocabulary (use_vocab)
+        if config.is_dflash2:
+            self.candidate_selector = CandidateSelector(d.hidden_size, config.vocab_size, config.selector_rank,
+                                                        config.selector_top_k)
+        else:
+            self.candidate_selector = None
 
     def fuse(self) -> DFlashDraft:
         """Fuse q/k/v and gate/up matmuls for inference (parameters keep their HF names)."""
@@ -200,8 +219,10 @@ class DFlashDraft(nn.Module):
 
     @property
     def full_attention(self) -> bool:
-        """Every layer non-causal without a window: each block row sees its whole context and block."""
-        return all(not layer.is_causal and layer.window is None for layer in self.layers)
+        """Every layer non-causal without a window, and no DFlash2 convolution: each block row sees its whole
+        context and block, and the C++ layer (which has no convolution) applies."""
+        return self.candidate_selector is None and all(not layer.is_causal and layer.window is None
+                                                       for layer in self.layers)
 
     @staticmethod
     def _context_rows(ctx, positions, valid, block_positions) -> tuple | None:
@@ -319,7 +340,7 @@ class DFlashDraft(nn.Module):
         return None if self.vocab is None else int(self.vocab[0].numel())
 
     def propose(self, hidden: torch.Tensor, lm_head: nn.Module, min_confidence: float = 0.0,
-                start: torch.Tensor | None = None, sampling=None) -> torch.Tensor:
+                start: torch.Tensor | None = None, sampling=None, anchor: torch.Tensor | None = None) -> torch.Tensor:
         """Drafts [B, K' <= K] for block slots 1..K (`hidden` [B, K, H]): greedy (`confident_drafts`), or,
         when some row samples (`sampling` = (T, top_k, top_p, seed) [B], `start` [B] the bonus positions),
         coupled drafts for all K slots (`coupled_drafts`: the sampling rule on the draft logits with the
@@ -327,6 +348,12 @@ class DFlashDraft(nn.Module):
         tokens are scored."""
         vocab = self.vocab
         head = lm_head if vocab is None else vocab[1]
+        if self.candidate_selector is not None:  # DFlash2: the selector's walk from the bonus token (all K slots)
+            if anchor is None:
+                raise ValueError("a DFlash2 drafter proposes from the block's first token: pass anchor")
+            return self.candidate_selector.drafts(hidden, self.logits(hidden, head), anchor, start,
+                                                  sampling if any_sampled(sampling) else None,
+                                                  None if vocab is None else vocab[0])
         if any_sampled(sampling):
             columns = self._coupled(hidden, head, start, sampling, min_confidence)
             return columns if vocab is None else vocab[0][columns]
@@ -358,19 +385,20 @@ class DFlashDraft(nn.Module):
 
     def draft_block(self, noise_embedding: torch.Tensor, block_positions: torch.Tensor, cache: KVCache,
                     slots: torch.Tensor, context: tuple | None, lm_head: nn.Module,
-                    min_confidence: float = 0.0, sampling=None) -> torch.Tensor:
+                    min_confidence: float = 0.0, sampling=None, anchor: torch.Tensor | None = None) -> torch.Tensor:
         """Drafts [B, K' <= K] of block slots 1..K: `forward` then `propose`, with the same K/V writes
         and the same drafts. One sequence on the C++ path is one call (`cpu_layers.DraftStep`); with a
         confidence cut its last layer outputs the rows the cut reads: slots 1..CONFIDENCE_FIRST, and
         the rest only when all of those are trusted (a row's output depends on no other row's query,
-        so nothing changes). Sampled rows (`sampling`) get coupled drafts (`propose`)."""
+        so nothing changes). Sampled rows (`sampling`) get coupled drafts (`propose`). `anchor` [B]: the
+        block's first tokens (a DFlash2 drafter's selector starts from them)."""
         if not any_sampled(sampling):
             drafts = self._one_call_drafts(noise_embedding, block_positions, cache, slots, context, lm_head,
                                            min_confidence)
             if drafts is not None:
                 return drafts
         hidden = self(noise_embedding, block_positions, cache, slots, context)
-        return self.propose(hidden[:, 1:], lm_head, min_confidence, block_positions[:, 0], sampling)
+        return self.propose(hidden[:, 1:], lm_head, min_confidence, block_positions[:, 0], sampling, anchor)
 
     def _one_call_drafts(self, noise_embedding, block_positions, cache: KVCache, slots, context, lm_head,
                          min_confidence: float) -> torch.Tensor | None:

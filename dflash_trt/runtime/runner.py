@@ -132,7 +132,7 @@ class TorchDraftRunner:
         block[:, 0] = bonus
         positions = start[:, None] + torch.arange(width, device=self.device)[None, :]
         return self.draft.draft_block(self.target.embed(block), positions, self.cache, slots, context,
-                                      self.target.lm_head, self.min_confidence, sampling)
+                                      self.target.lm_head, self.min_confidence, sampling, anchor=bonus)
 
     def commit(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
         self.cache.crop(slots, lengths)  # lengths only: a pending context stays pending

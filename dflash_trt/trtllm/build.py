@@ -80,6 +80,9 @@ def check_config(cfg: BuildConfig) -> None:
 
 def read_pair(cfg: BuildConfig):
     """The HF pair, with a pointer to route B when the target is outside the converter's families."""
+    from dflash_trt.trtllm.llmapi import refuse_dflash2
+
+    refuse_dflash2(cfg.draft_path(), "route A")
     try:
         target, draft = read_target(cfg.target_path()), read_draft(cfg.draft_path())
     except UnsupportedModelError as exc:

@@ -25,7 +25,7 @@ import yaml
 
 from dflash_trt.atomic import repository_scratch, write_atomically
 from dflash_trt.engine.config import BuildConfig
-from dflash_trt.errors import ConfigError
+from dflash_trt.errors import ConfigError, UnsupportedModelError
 from dflash_trt.trtllm import llmapi_fields
 from dflash_trt.trtllm.versions import TRTLLM_LLMAPI_MIN
 
@@ -80,6 +80,7 @@ class LlmapiExport:
             raise ConfigError(f"--gpu-arch {self.gpu_arch!r}: expected one of {', '.join(GPU_ARCHS)}")
         if self.block_size < 2:
             raise ConfigError(f"--block-size {self.block_size}: must be >= 2 (max_draft_len = block_size - 1)")
+        refuse_dflash2(self.draft, "route B")
 
 
 def attention_backend(gpu_arch: str) -> str:
@@ -167,6 +168,22 @@ def config_pbtxt() -> str:
             f'name: "{MODEL_NAME}"\nbackend: "python"\n'
             "instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]\n"
             + block("input", INPUTS) + block("output", OUTPUTS))
+
+
+def refuse_dflash2(draft, route: str) -> None:
+    """TensorRT-LLM's DFlash (decoding_type DFlash) runs DFlashDraftModel drafters only, and our paired
+    engines have no DFlash2 graphs: a DFlash2 drafter (local config.json) is refused with where it runs."""
+    path = Path(draft) / "config.json"
+    try:
+        archs = json.loads(path.read_text()).get("architectures") or [] if path.is_file() else []
+    except (OSError, ValueError):
+        return  # the route's own reader reports a broken config
+    if "DFlash2DraftModel" in archs:
+        what = ("TensorRT-LLM has no DFlash2 (its DFlash decoding runs DFlashDraftModel drafters only)"
+                if route == "route B" else "the paired TensorRT-LLM engines have no DFlash2 graphs yet "
+                "(convolutions and the candidate selector)")
+        raise UnsupportedModelError(f"{path}: field 'architectures': DFlash2DraftModel: {what}; serve it with "
+                                    "backend: torch (CPU or CUDA), which runs DFlash2")
 
 
 def draft_block_size(draft: str) -> int | None:
