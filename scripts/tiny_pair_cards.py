@@ -66,6 +66,8 @@ A DFlash drafter (z-lab format: `DFlashDraftModel`, `dflash_config`) for tiny-qw
 `dflash-trt train-draft --regenerate`; it loads in dflash-trt and in z-lab's `dflash==0.1.0`.
 
 - {d.get('layers', '?')} draft layer(s), block_size 16, target_layer_ids and mask_token_id in config.json
+- prompt format: trained on raw prompts (no chat template; the target has no thinking mode); `dflash-trt
+  check-pair` measures τ raw and chat-templated
 - data: {d.get('samples', '?')} prompts of 64 tokens cut from the training files, continued greedily by the target
   (192 new tokens each); the prompts are one seeded stream, so a run on more samples starts with an earlier run's
 - training: {d['steps']} steps, final loss {d['final_loss']:.3f}, {d['seconds']:.0f} s{continued}; settings in

@@ -14,6 +14,7 @@ One module per command group, in pipeline order:
     train.py     train-draft, draft-vocab
     export.py    export trtllm-llmapi    TensorRT-LLM's native DFlash
     doctor.py    doctor                  what this machine has
+    check_pair.py check-pair             a target + drafter pair, before deploying it
 
 Nothing below this package imports it.
 """
@@ -25,6 +26,7 @@ import click
 from dflash_trt import __version__
 from dflash_trt.cli.bench import bench_command
 from dflash_trt.cli.build import build_command, publish_command, regress_command
+from dflash_trt.cli.check_pair import check_pair_command
 from dflash_trt.cli.convert import convert_command
 from dflash_trt.cli.doctor import doctor_command
 from dflash_trt.cli.export import export_group
@@ -41,7 +43,7 @@ def cli():
 
 for _command in (generate_command, build_command, publish_command, serve_command, regress_command,
                  train_draft_command, draft_vocab_command, bench_command, convert_command, export_group,
-                 doctor_command):
+                 doctor_command, check_pair_command):
     cli.add_command(_command)
 
 

@@ -28,6 +28,11 @@ def build_bundle(cfg: BuildConfig, backend: BundleBackend, log: Log = print) -> 
     check_replaceable(cfg.output_path(), bundles.is_bundle, f"bundle ({cfg.source}: field 'output')")
     target_ckpt, draft_ckpt = read_target(cfg.target_path()), read_draft(cfg.draft_path())
     check_pair(target_ckpt, draft_ckpt)
+    from dflash_trt.engine.pair_check import WARN, static_checks
+
+    for check in static_checks(cfg.target_path(), cfg.draft_path()):  # `dflash-trt check-pair`'s static part
+        if check.status == WARN:
+            log(f"warning: check-pair: {check.name}: {check.detail} (dflash-trt check-pair measures it)")
     draft_vocab.token_ids(cfg.draft_path(), cfg.runtime.draft_vocab_size, target_ckpt.config.vocab_size,
                           f"{cfg.source}: field 'runtime.draft_vocab_size'")
     fingerprint = bundles.input_fingerprint(cfg)

@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dflash_trt.model.draft import DFlashDraft, DraftLayer
+from dflash_trt.model.draft import DFlashDraft
+from dflash_trt.model.draft_layer import DraftLayer
 from dflash_trt.model.layers import AttentionProjections, Rotary
 from dflash_trt.model.target import Target
 

@@ -1,0 +1,57 @@
+"""`dflash-trt check-pair` on the shipped pair, a mismatched pair and a drafter whose taps are off by one."""
+
+import json
+import shutil
+
+from click.testing import CliRunner
+
+from dflash_trt.cli import cli
+from dflash_trt.engine.config import ASSETS
+
+TARGET, DRAFT = ASSETS / "tiny-qwen3", ASSETS / "tiny-qwen3-dflash"
+
+
+def _run(*args):
+    result = CliRunner().invoke(cli, ["check-pair", *args, "--json", "--num-prompts", "4", "--max-new-tokens", "32"])
+    return result, json.loads(result.output) if result.output.strip().startswith("{") else None
+
+
+def _by_name(report):
+    return {c["name"]: c for c in report["checks"]}
+
+
+def test_the_shipped_pair_passes_and_prints_each_engines_units():
+    result, report = _run("--target", str(TARGET), "--draft", str(DRAFT))
+    assert result.exit_code == 0, result.output
+    checks = _by_name(report)
+    assert report["verdict"] in ("ok", "warn") and not any(c["status"] == "fail" for c in report["checks"])
+    assert checks["tap convention -1"]["status"] == "ok" and "tap convention +1" not in checks  # 23 is the last layer
+    assert report["tau"]["raw"] > 2.0 and report["tau"]["taps -1"] < max(report["tau"]["raw"], report["tau"]["chat"])
+    assert "max_draft_len: 15" in checks["launch settings"]["detail"]
+    assert "--speculative-num-draft-tokens 16" in checks["launch settings"]["detail"]
+    assert checks["mask token"]["status"] == "ok" and "<|mask|>" in checks["mask token"]["detail"]
+
+
+def test_a_drafter_of_another_target_is_a_hard_mismatch(tiny_pair):
+    result, report = _run("--target", str(tiny_pair[0]), "--draft", str(DRAFT))
+    assert result.exit_code == 1
+    shapes = _by_name(report)["shapes"]
+    assert shapes["status"] == "fail" and "hidden_size" in shapes["detail"]
+
+
+def test_taps_one_layer_off_are_caught_by_measurement(tmp_path):
+    draft = tmp_path / "draft"
+    shutil.copytree(DRAFT, draft)
+    config = json.loads((draft / "config.json").read_text())
+    trained = config["dflash_config"]["target_layer_ids"]
+    config["dflash_config"]["target_layer_ids"] = [i - 1 for i in trained]  # the config says one layer lower
+    (draft / "config.json").write_text(json.dumps(config))
+    result, report = _run("--target", str(TARGET), "--draft", str(draft), "--use", "raw")
+    assert result.exit_code == 0, result.output  # a warning, not a hard mismatch
+    taps = _by_name(report)["tap convention +1"]
+    assert taps["status"] == "warn" and "off by one" in taps["detail"], taps
+
+
+def test_static_only_needs_no_forward_pass():
+    result, report = _run("--target", str(TARGET), "--draft", str(DRAFT), "--static")
+    assert result.exit_code == 0 and "tau" in report and report["tau"] == {}
