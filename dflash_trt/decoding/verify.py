@@ -13,7 +13,7 @@ import torch
 
 from dflash_trt.decoding.sampling import canonical_logits, sample_tokens
 from dflash_trt.model import cpu_ops
-from dflash_trt.model.layers import call_linear
+from dflash_trt.model.layers import head_logits
 
 
 def accept_length(drafts: torch.Tensor, target_tokens: torch.Tensor) -> torch.Tensor:
@@ -77,7 +77,7 @@ def verify_lazily(
     lo, size = 0, first
     while lo < width:
         hi = min(width, lo + size)
-        logits = call_linear(lm_head, hidden[:, lo:hi].reshape(-1, h)).view(b, hi - lo, -1)
+        logits = head_logits(lm_head, hidden[:, lo:hi].reshape(-1, h)).view(b, hi - lo, -1)
         # the rule on rows lo..hi-1 (positions start+lo+1 ..); the drafts argument only sizes the call
         chunk, _ = verify(logits, drafts.new_zeros(b, hi - lo - 1), start + lo, *sampling)
         tokens[:, lo:hi] = chunk

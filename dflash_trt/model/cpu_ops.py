@@ -143,8 +143,9 @@ def head_weight(head) -> torch.Tensor | None:
     if isinstance(head, nn.Module) and (type(head) is not nn.Linear or head.bias is not None
                                         or head._forward_hooks or head._forward_pre_hooks):
         return None
-    weight = head.weight
-    return weight if weight.dtype == torch.float32 and weight.device.type == "cpu" else None
+    weight = getattr(head, "weight", None)  # a plain callable has none: the caller's own path
+    return weight if isinstance(weight, torch.Tensor) and weight.dtype == torch.float32 \
+        and weight.device.type == "cpu" else None
 
 
 def head_panels(head, weight: torch.Tensor) -> torch.Tensor:

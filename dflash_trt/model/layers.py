@@ -57,6 +57,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def head_logits(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The target's logits x [..., H] -> [..., V], each row the same bits whatever the pass: on CPU fp32
+    the head's panels (model/cpu_ops.py `head_matmul`: one FMA chain per logit, in the same order for
+    any rows or tile), so prefill, AR decode, verify, lazy verify and the C++ greedy verify agree bit for
+    bit and a near-tie breaks the same way in every path; elsewhere `call_linear`."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and x.numel() and cpu_ops.eager():
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        out = cpu_ops.head_matmul(flat, head)
+        if out is not None:
+            return out.view(*x.shape[:-1], out.shape[-1])
+    return call_linear(head, x)
+
+
 def call_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """`module(x)` through `linear` when it is a plain nn.Linear without hooks (calibration hooks,
     simulated quantization and parallel layers keep their own call)."""

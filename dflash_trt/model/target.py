@@ -23,7 +23,7 @@ from dflash_trt.model.layers import (
     AttentionProjections,
     RMSNorm,
     Rotary,
-    call_linear,
+    head_logits,
 )
 
 
@@ -93,6 +93,8 @@ class Target(nn.Module):
         plans = cpu_layers.plans(self.model.layers) if cpu_layers.eligible(positions, cache) else None
         if plans is not None:
             x, taps = self._layers_cpu(plans, tokens, positions, cache, slots, tap_layers)
+        elif (pieces := self._cpu_pieces(positions, cache)) is not None:
+            x, taps = self._layers_in_pieces(pieces, tokens, positions, cache, slots, tap_layers)
         else:
             x, taps = self._layers(tokens, positions, cache, slots, tap_layers)
         last = len(self.model.layers) - 1
@@ -102,7 +104,41 @@ class Target(nn.Module):
         target_hidden = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None
         if logit_rows is not None:
             x = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
-        return (call_linear(self.lm_head, x) if head else x), target_hidden
+        return (head_logits(self.lm_head, x) if head else x), target_hidden  # same bits at any row count
+
+    def _cpu_pieces(self, positions, cache: KVCache) -> list[tuple[torch.Tensor, int, int]] | None:
+        """A pass too large for one C++ call (more than cpu_layers.MAX_ROWS rows) as pieces that each fit:
+        (rows, t0, t1) — groups of whole rows, or one row's positions in windows, in position order, so
+        each piece attends to what the ones before it cached. The C++ layer computes every row the same
+        way whatever else shares its pass (a prefill row = a decode row, bit for bit), so the pieces give
+        the bits one pass would, and a long prompt's K/V are those its own decode steps would write.
+        None when the C++ layer does not apply to this pass at all."""
+        b, t = positions.shape
+        limit = cpu_layers.MAX_ROWS
+        if b * t <= limit or cpu_layers.plans(self.model.layers) is None:
+            return None
+        if t <= limit:
+            per = limit // t
+            pieces = [(torch.arange(i, min(b, i + per)), 0, t) for i in range(0, b, per)]
+        else:
+            pieces = [(torch.tensor([i]), t0, min(t, t0 + limit)) for i in range(b) for t0 in range(0, t, limit)]
+        if not all(cpu_layers.eligible(positions[rows, t0:t1], cache) for rows, t0, t1 in pieces):
+            return None
+        return pieces
+
+    def _layers_in_pieces(self, pieces, tokens, positions, cache: KVCache, slots, tap_layers):
+        """`_layers_cpu` piece by piece (`_cpu_pieces`), assembled into x [B, T, H] and taps."""
+        plans = cpu_layers.plans(self.model.layers)
+        x, taps = None, {}
+        for rows, t0, t1 in pieces:
+            part, part_taps = self._layers_cpu(plans, tokens[rows, t0:t1], positions[rows, t0:t1], cache,
+                                               slots[rows], tap_layers)
+            if x is None:
+                x = part.new_empty(tokens.shape[0], tokens.shape[1], part.shape[-1])
+            x[rows, t0:t1] = part
+            for i, value in part_taps.items():
+                taps.setdefault(i, value.new_empty(x.shape))[rows, t0:t1] = value
+        return x, taps
 
     def _layers(self, tokens, positions, cache: KVCache, slots, tap_layers) -> tuple[torch.Tensor, dict]:
         """The torch path: all layers over ragged rows -> x [B, T, H] before the final norm, taps."""
