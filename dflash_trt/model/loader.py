@@ -20,11 +20,18 @@ def _load(module: torch.nn.Module, state: dict, device) -> torch.nn.Module:
     return module.to(device).eval().requires_grad_(False)
 
 
-def load_target(ckpt: TargetCheckpoint, dtype: torch.dtype = torch.float32, device="cpu", fuse: bool = True) -> Target:
-    """A Target from a checked HF checkpoint; `fuse` joins q/k/v and gate/up matmuls (inference)."""
+def _held(state: dict, hold: torch.dtype | None) -> dict:
+    """Weights rounded to their load dtype, then held in `hold` (exactly: runtime/local.py `held_dtype`)."""
+    return state if hold is None else {k: v.to(hold) for k, v in state.items()}
+
+
+def load_target(ckpt: TargetCheckpoint, dtype: torch.dtype = torch.float32, device="cpu", fuse: bool = True,
+                hold: torch.dtype | None = None) -> Target:
+    """A Target from a checked HF checkpoint; `fuse` joins q/k/v and gate/up matmuls (inference); `hold`:
+    the dtype the `dtype`-rounded weights are kept in."""
     config = ckpt.config
     names = [n for n in ckpt.weights.names() if not n.endswith("rotary_emb.inv_freq")]
-    state = ckpt.weights.load(names, dtype)
+    state = _held(ckpt.weights.load(names, dtype), hold)
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     with torch.device("meta"):
@@ -35,10 +42,11 @@ def load_target(ckpt: TargetCheckpoint, dtype: torch.dtype = torch.float32, devi
     return target.fuse() if fuse else target
 
 
-def load_draft(ckpt: DraftCheckpoint, dtype: torch.dtype = torch.float32, device="cpu", fuse: bool = True) -> DFlashDraft:
-    """A DFlashDraft from a checked z-lab checkpoint; `fuse` as in `load_target`."""
+def load_draft(ckpt: DraftCheckpoint, dtype: torch.dtype = torch.float32, device="cpu", fuse: bool = True,
+               hold: torch.dtype | None = None) -> DFlashDraft:
+    """A DFlashDraft from a checked z-lab checkpoint; `fuse` and `hold` as in `load_target`."""
     names = [n for n in ckpt.weights.names() if not n.endswith("rotary_emb.inv_freq")]
     with torch.device("meta"):
         draft = DFlashDraft(ckpt.config)
-    draft = _load(draft, ckpt.weights.load(names, dtype), device)
+    draft = _load(draft, _held(ckpt.weights.load(names, dtype), hold), device)
     return draft.fuse() if fuse else draft

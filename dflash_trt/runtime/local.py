@@ -72,12 +72,21 @@ def load_pair(target_dir, draft_dir=None, dtype: str = "auto", device: str = "au
     if draft_dir is not None:
         draft_ckpt = read_draft(draft_dir)
         check_pair(target_ckpt, draft_ckpt)
-        draft = load_draft(draft_ckpt, torch_dtype, dev)
-    target = load_target(target_ckpt, torch_dtype, dev)
+        draft = load_draft(draft_ckpt, torch_dtype, dev, hold=held_dtype(torch_dtype, dev))
+    target = load_target(target_ckpt, torch_dtype, dev, hold=held_dtype(torch_dtype, dev))
     tokenizer = load_tokenizer(target_dir) if has_tokenizer(target_dir) else None
     if dev.type == "cpu" and torch_dtype == torch.float32:
         cpu_ops.library()  # build (or load) the C++ layer now, not inside the first request
     return LoadedPair(target, draft, tokenizer, Path(target_dir), Path(draft_dir) if draft_dir else None)
+
+
+def held_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype | None:
+    """bf16 / fp16 weights on CPU are held as their exact fp32 expansion (every bf16 / fp16 value is an
+    fp32 value), so the fp32 C++ layer runs them: fp32 activations and accumulation in an order independent
+    of the row count — a verify row is a decode row bit for bit, whatever shares the batch (README,
+    "Lossless by construction"). The weights' values are the checkpoint's in its dtype; only their memory is
+    fp32 (a kernel reading bf16 panels would halve the weight stream: not yet). Other devices keep theirs."""
+    return torch.float32 if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) else None
 
 
 def apply_draft_vocab(pair: LoadedPair, size: int | str | None) -> LoadedPair:
