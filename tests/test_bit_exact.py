@@ -120,3 +120,45 @@ def test_bf16_weights_are_the_checkpoints_values_rounded(near_tie_dir):
         target = load_pair(near_tie_dir / "target", None, dtype=dtype, device="cpu").target
         held = target.model.layers[0].mlp.down_proj.weight
         assert held.dtype == torch.float32 and torch.equal(held, stored.to(torch_dtype).float())
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_served_bundles_decode_bit_exactly_in_half_precision(near_tie_dir, tmp_path, dtype):
+    """A bf16 / fp16 CPU bundle of the near-tie pair on the real tritonserver: greedy and seeded answers,
+    four at a time, are local AR's tokens in that dtype."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import yaml
+
+    from dflash_trt.decoding.sampling import SamplingParams
+    from dflash_trt.engine.config import load_build_config
+    from dflash_trt.runtime import backends
+    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.triton.client import grpc_generate, request_inputs
+    from dflash_trt.triton.repository import publish
+    from dflash_trt.triton.server import TritonServer
+
+    config = {"name": f"near-tie-{dtype}", "target": str(near_tie_dir / "target"), "draft": str(near_tie_dir / "draft"),
+              "backend": "torch", "dtype": dtype, "block_size": 8,
+              "runtime": {"device": "cpu", "max_batch_size": 4, "max_seq_len": 128},
+              "golden": {"prompts": [{"token_ids": [5, 17, 42, 9]}], "max_new_tokens": 16},
+              "output": str(tmp_path / "bundle"), "repository": str(tmp_path / "repo")}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(config))
+    bundle, _, _ = backends.build(load_build_config(tmp_path / "cfg.yaml"), log=lambda m: None)
+    pair = load_pair(near_tie_dir / "target", None, dtype=dtype, device="cpu")
+    prompts = _prompts(8, seed=6)
+    params = [SamplingParams(0.0 if i % 2 else 1.0, 0, 1.0, seed=i) for i in range(8)]
+    expected = [autoregressive_generate(pair.target, [Request(p, s, StopCriteria(32))])[0].tokens
+                for p, s in zip(prompts, params)]
+    server = TritonServer(publish(bundle, tmp_path / "repo"), log_path=tmp_path / "server.log").start(timeout=180)
+    try:
+        def ask(i):
+            inputs = request_inputs(None, list(prompts[i]), 32, temperature=params[i].temperature, seed=i,
+                                    ignore_eos=True)
+            return grpc_generate(server.grpc_url, inputs).token_ids
+
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(ask, range(8))) == expected
+    finally:
+        server.stop()

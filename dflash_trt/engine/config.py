@@ -147,8 +147,6 @@ def _check(cfg: BuildConfig, where: str) -> None:
         bad("golden.max_new_tokens", f"must be >= 1, got {cfg.golden.max_new_tokens}")
     if cfg.backend == "torch" and cfg.tp != 1:
         bad("tp", "the torch backend serves tp=1 bundles; build tp>1 checkpoints with `dflash-trt convert --tp`")
-    if cfg.backend == "torch" and cfg.dtype == "fp16" and cfg.runtime.device == "cpu":
-        bad("dtype", "fp16 on CPU is slow and inexact; use fp32 (or bf16) for CPU bundles")
 
 
 def _section(cls, data, where: str, prefix: str):
