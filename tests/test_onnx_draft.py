@@ -187,7 +187,7 @@ def test_bf16_graphs_export_with_bf16_io(tiny_pair, tmp_path):
     bf16 kernels, so only TensorRT runs these)."""
     from dflash_trt.runtime.local import load_pair
 
-    pair = load_pair(tiny_pair[0], tiny_pair[1], dtype="bf16", device="cpu")
+    pair = load_pair(tiny_pair[0], tiny_pair[1], dtype="bf16", device="cpu", native_dtype=True)
     spec = spec_for(pair.draft, pair.target, pair.draft.config.block_size, 64, 2, "bf16")
     for name, path in export_draft_graphs(pair.draft, pair.target, spec, tmp_path).items():
         model = onnx.load(str(path))

@@ -63,17 +63,20 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def load_pair(target_dir, draft_dir=None, dtype: str = "auto", device: str = "auto") -> LoadedPair:
-    """Read, check and load a target (and drafter); the tokenizer comes from the target folder."""
+def load_pair(target_dir, draft_dir=None, dtype: str = "auto", device: str = "auto",
+              native_dtype: bool = False) -> LoadedPair:
+    """Read, check and load a target (and drafter); the tokenizer comes from the target folder.
+    `native_dtype`: modules in `dtype` itself even on CPU (what a GPU build exports), not `held_dtype`."""
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
+    hold = None if native_dtype else held_dtype(torch_dtype, dev)
     target_ckpt = read_target(target_dir)
     draft = None
     if draft_dir is not None:
         draft_ckpt = read_draft(draft_dir)
         check_pair(target_ckpt, draft_ckpt)
-        draft = load_draft(draft_ckpt, torch_dtype, dev, hold=held_dtype(torch_dtype, dev))
-    target = load_target(target_ckpt, torch_dtype, dev, hold=held_dtype(torch_dtype, dev))
+        draft = load_draft(draft_ckpt, torch_dtype, dev, hold=hold)
+    target = load_target(target_ckpt, torch_dtype, dev, hold=hold)
     tokenizer = load_tokenizer(target_dir) if has_tokenizer(target_dir) else None
     if dev.type == "cpu" and torch_dtype == torch.float32:
         cpu_ops.library()  # build (or load) the C++ layer now, not inside the first request
