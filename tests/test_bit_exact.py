@@ -162,3 +162,30 @@ def test_served_bundles_decode_bit_exactly_in_half_precision(near_tie_dir, tmp_p
             assert list(pool.map(ask, range(8))) == expected
     finally:
         server.stop()
+
+
+def test_bf16_weights_stream_as_bf16_panels_with_the_same_bits(near_tie_dir, monkeypatch):
+    """A bf16 checkpoint's layers stream bf16 panels (half the bytes of fp32), expanded exactly in the
+    kernel: the logits are the fp32 panels' bit for bit; fp32 weights (not bf16 values) keep fp32 panels."""
+    from dflash_trt.model import cpu_layers
+    from dflash_trt.runtime.local import load_pair
+
+    tokens = torch.randint(0, 255, (2, 40), generator=torch.Generator().manual_seed(9))
+    positions = torch.arange(40)[None].expand(2, -1)
+
+    def logits(target):
+        for layer in target.model.layers:
+            layer.__dict__.pop("_cpu_plan", None)
+        with torch.inference_mode():
+            out, _ = target(tokens, positions, target.new_cache(2, 64), torch.arange(2))
+        return out, {layer.__dict__["_cpu_plan"].weight_format for layer in target.model.layers}
+
+    bf16 = load_pair(near_tie_dir / "target", None, dtype="bf16", device="cpu").target
+    streamed, formats = logits(bf16)
+    assert formats == {1}
+    monkeypatch.setattr(cpu_layers, "BF16_PANELS", False)
+    expanded, formats = logits(bf16)
+    assert formats == {0} and torch.equal(streamed, expanded)
+    monkeypatch.setattr(cpu_layers, "BF16_PANELS", True)
+    fp32 = load_pair(near_tie_dir / "target", None, dtype="fp32", device="cpu").target
+    assert logits(fp32)[1] == {0}

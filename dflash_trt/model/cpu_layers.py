@@ -20,15 +20,17 @@ import contextvars
 import ctypes
 import functools
 import math
+import os
 
 import torch
 from torch import nn
 
 from dflash_trt.model import cpu_ops
-from dflash_trt.model.cpu_ops import DraftStepArgs, LayerWeights, pack_panels, tensor_versions
+from dflash_trt.model.cpu_ops import DraftStepArgs, LayerWeights, bf16_exact, bf16_panels, pack_panels, tensor_versions
 from dflash_trt.model.kv_cache import KVCache
 from dflash_trt.model.layers import RMSNorm
 
+BF16_PANELS = os.environ.get("DFLASH_TRT_BF16_PANELS", "1") != "0"  # 0: fp32 panels always (for comparisons)
 MAX_ROWS = 256  # rows per pass (all sequences); measured faster than the torch path up to here on the
 # 2-core CPU, prompts included (6-layer tiny target: 128 rows 14.2 vs 17.6 ms, 256 rows 28.4 vs 34.5 ms)
 
@@ -56,13 +58,18 @@ class LayerPlan:
         self.objects = objects  # keeps the tensors alive and identifies them
         self.versions = tensor_versions(objects)
         qkv, gate_up, o_w, down_w, in_norm, post_norm, q_norm, k_norm = objects
-        self.panels = [pack_panels(w) for w in (qkv, o_w, gate_up, down_w)]  # a copy of the projections
+        projections = (qkv, o_w, gate_up, down_w)
+        self.panels = [pack_panels(w) for w in projections]  # a copy of the projections
+        # weights that are all bf16 values (a bf16 checkpoint held in fp32) stream as bf16: the same bits
+        self.weight_format = 1 if BF16_PANELS and all(bf16_exact(w) for w in projections) else 0
+        if self.weight_format:
+            self.panels = [bf16_panels(p) for p in self.panels]
         qkv, o_w, gate_up, down_w = self.panels
         attn = layer.self_attn
         ptr = lambda t: None if t is None else t.data_ptr()
         self.weights = LayerWeights(ptr(in_norm), ptr(qkv), ptr(q_norm), ptr(k_norm), ptr(o_w), ptr(post_norm),
                                 ptr(gate_up), ptr(down_w), objects[2].shape[0], attn.num_heads, attn.num_kv_heads,
-                                attn.head_dim, objects[3].shape[1], layer.input_layernorm.eps)
+                                attn.head_dim, objects[3].shape[1], layer.input_layernorm.eps, self.weight_format)
         self.pointer = ctypes.pointer(self.weights)
 
 

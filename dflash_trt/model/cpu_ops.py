@@ -38,7 +38,8 @@ class LayerWeights(ctypes.Structure):
 
     _fields_ = [("input_norm", _p), ("qkv", _p), ("q_norm", _p), ("k_norm", _p), ("o_proj", _p),
                 ("post_norm", _p), ("gate_up", _p), ("down", _p), ("hidden", _i32), ("heads", _i32),
-                ("kv_heads", _i32), ("head_dim", _i32), ("intermediate", _i32), ("eps", ctypes.c_float)]
+                ("kv_heads", _i32), ("head_dim", _i32), ("intermediate", _i32), ("eps", ctypes.c_float),
+                ("weight_format", _i32)]
 
 
 class DraftStepArgs(ctypes.Structure):
@@ -107,6 +108,22 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     panels = torch.empty((n + 7) // 8, k, 8, dtype=torch.float32)
     library().dfl_pack_panels(weight.detach().contiguous().data_ptr(), n, k, panels.data_ptr())
     return panels
+
+
+def bf16_exact(weight: torch.Tensor) -> bool:
+    """Whether every value of an fp32 weight is a bf16 value (its low 16 bits zero): a bf16 / fp16
+    checkpoint held in fp32 (runtime/local.py `held_dtype`; fp16 values mostly are not)."""
+    return weight.dtype == torch.float32 and bool((weight.detach().contiguous().view(torch.int32) & 0xFFFF).eq(0).all())
+
+
+def bf16_panels(panels: torch.Tensor) -> torch.Tensor:
+    """fp32 panels of bf16 values -> their bf16 bits (uint16, same layout): the layer kernel expands them
+    back exactly, so its results are the same bits from half the weight stream."""
+    import numpy as np
+
+    out = torch.empty(panels.shape, dtype=torch.uint16)  # torch's allocation: aligned for 16-byte loads
+    out.numpy()[...] = (panels.contiguous().numpy().view(np.uint32) >> 16).astype(np.uint16)
+    return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:

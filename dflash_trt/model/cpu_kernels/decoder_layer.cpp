@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -32,15 +33,18 @@ extern "C" {
 struct DflLayerWeights {  // pointers stay owned by the Python module (cpu_layers.LayerPlan keeps them alive)
   const float* input_norm;   // [H]
   // the four projections as panels (pack_panels): [ceil(n / 8), k, 8] for a weight [n, k]
-  const float* qkv;          // [(NH + 2 NKV) D, H]  rows: q heads, k heads, v heads
+  // panels hold fp32 values, or (weight_format 1) the bf16 bits of weights that are bf16 values: the
+  // kernel expands each exactly to fp32, so the FMA chains and results are the same, from half the bytes
+  const void* qkv;           // [(NH + 2 NKV) D, H]  rows: q heads, k heads, v heads
   const float* q_norm;       // [D] or null (no q/k norm: Llama)
   const float* k_norm;       // [D] or null
-  const float* o_proj;       // [H, NH D]
+  const void* o_proj;        // [H, NH D]
   const float* post_norm;    // [H]
-  const float* gate_up;      // [2 I, H]  rows: gate, up
-  const float* down;         // [H, I]
+  const void* gate_up;       // [2 I, H]  rows: gate, up
+  const void* down;          // [H, I]
   int32_t hidden, heads, kv_heads, head_dim, intermediate;
   float eps;
+  int32_t weight_format;     // 0: fp32 panels, 1: bf16 panels
 };
 
 }  // extern "C"
@@ -143,15 +147,32 @@ void pack_panels(const float* w, int n, int k, float* panels) {
       }
 }
 
-template <int RG, int P>
-inline void panel_tile(const float* __restrict x, int k, const float* __restrict panels, int p0, int n,
+// bf16 panels: the upper 16 bits of fp32 values whose lower 16 bits are zero (exact both ways).
+inline float weight_value(float w) { return w; }
+inline float weight_value(uint16_t w) {
+  const uint32_t bits = static_cast<uint32_t>(w) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline __m256 load_weights(const float* p) { return _mm256_load_ps(p); }
+inline __m256 load_weights(const uint16_t* p) {
+  const __m128i half = _mm_load_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+#endif
+
+template <int RG, int P, typename W>
+inline void panel_tile(const float* __restrict x, int k, const W* __restrict panels, int p0, int n,
                        float* __restrict out) {
   alignas(32) float result[RG * P * 8];
 #if defined(__AVX2__) && defined(__FMA__)
   __m256 acc[RG * P];
 #pragma GCC unroll 12
   for (int i = 0; i < RG * P; ++i) acc[i] = _mm256_setzero_ps();
-  const float* base = panels + static_cast<size_t>(p0) * k * 8;
+  const W* base = panels + static_cast<size_t>(p0) * k * 8;
   const size_t next = static_cast<size_t>(k) * 8;  // from one panel to the next
   for (int kk = 0; kk < k; ++kk) {
     __m256 wv[P];
@@ -159,7 +180,7 @@ inline void panel_tile(const float* __restrict x, int k, const float* __restrict
     for (int q = 0; q < P; ++q) {
       if (RG > 1 && (kk & 1) == 0)  // 8 KB ahead: DRAM-resident weights stream while the FMAs run
         _mm_prefetch(reinterpret_cast<const char*>(base + q * next + static_cast<size_t>(kk + 256) * 8), _MM_HINT_T0);
-      wv[q] = _mm256_load_ps(base + q * next + static_cast<size_t>(kk) * 8);
+      wv[q] = load_weights(base + q * next + static_cast<size_t>(kk) * 8);
       __asm__("" : "+x"(wv[q]));  // keep it in a register: GCC would re-load it in every row's FMA
     }
 #pragma GCC unroll 8
@@ -175,9 +196,9 @@ inline void panel_tile(const float* __restrict x, int k, const float* __restrict
   for (int r = 0; r < RG; ++r)
     for (int q = 0; q < P; ++q)
       for (int l = 0; l < 8; ++l) {
-        const float* col = panels + static_cast<size_t>(p0 + q) * k * 8 + l;
+        const W* col = panels + static_cast<size_t>(p0 + q) * k * 8 + l;
         float a = 0.0f;
-        for (int kk = 0; kk < k; ++kk) a += x[static_cast<size_t>(r) * k + kk] * col[static_cast<size_t>(kk) * 8];
+        for (int kk = 0; kk < k; ++kk) a += x[static_cast<size_t>(r) * k + kk] * weight_value(col[static_cast<size_t>(kk) * 8]);
         result[(r * P + q) * 8 + l] = a;
       }
 #endif
@@ -192,16 +213,16 @@ inline void panel_tile(const float* __restrict x, int k, const float* __restrict
 // Panels p_begin .. p_end-1 for RG rows, P panels per tile: 3 up to 4 rows (12 accumulators at 4),
 // 2 for 5-6 rows (12 at 6), 1 for 7-8 rows (16 ymm registers hold no more), so each kk step has >= 7
 // independent FMA chains (FMA latency 4 cycles, 2 pipes) except at 1-2 rows.
-template <int RG>
-void panel_span(const float* x, int k, const float* panels, int p_begin, int p_end, int n, float* out) {
+template <int RG, typename W>
+void panel_span(const float* x, int k, const W* panels, int p_begin, int p_end, int n, float* out) {
   constexpr int P = RG <= 4 ? 3 : (RG <= 6 ? 2 : 1);
   int p = p_begin;
-  for (; p + P <= p_end; p += P) panel_tile<RG, P>(x, k, panels, p, n, out);
+  for (; p + P <= p_end; p += P) panel_tile<RG, P, W>(x, k, panels, p, n, out);
   if (P == 3 && p + 2 <= p_end) {
-    panel_tile<RG, 2>(x, k, panels, p, n, out);
+    panel_tile<RG, 2, W>(x, k, panels, p, n, out);
     p += 2;
   }
-  if (p < p_end) panel_tile<RG, 1>(x, k, panels, p, n, out);
+  if (p < p_end) panel_tile<RG, 1, W>(x, k, panels, p, n, out);
 }
 
 // out [rows, n] = x [rows, k] @ w^T with w packed by pack_panels, for panels p_first .. p_last-1
@@ -209,7 +230,8 @@ void panel_span(const float* x, int k, const float* panels, int p_begin, int p_e
 // time across all rows, so each weight is streamed from memory once per call and re-read from L1 / L2
 // by the other row groups; rows in groups of 4, the last group 3..6 rows (never a 1- or 2-row tile
 // after 4s). A column's chains are the same whichever range or rows share the call.
-void matmul_panel_range(const float* x, int rows, int k, const float* panels, int n, int p_first, int p_last,
+template <typename W>
+void matmul_panel_range(const float* x, int rows, int k, const W* panels, int n, int p_first, int p_last,
                         float* out) {
   for (int pb = p_first; pb < p_last; pb += 6) {
     const int pe = pb + 6 < p_last ? pb + 6 : p_last;
@@ -234,8 +256,22 @@ void matmul_panel_range(const float* x, int rows, int k, const float* panels, in
   }
 }
 
-void matmul_panels(const float* x, int rows, int k, const float* panels, int n, float* out) {
+template <typename W>
+void matmul_panels(const float* x, int rows, int k, const W* panels, int n, float* out) {
   matmul_panel_range(x, rows, k, panels, n, 0, (n + 7) / 8, out);
+}
+
+// A layer projection's panels in its format (DflLayerWeights::weight_format).
+void layer_panel_range(const DflLayerWeights* w, const void* panels, const float* x, int rows, int k, int n,
+                       int p_first, int p_last, float* out) {
+  if (w->weight_format == 1)
+    matmul_panel_range(x, rows, k, static_cast<const uint16_t*>(panels), n, p_first, p_last, out);
+  else
+    matmul_panel_range(x, rows, k, static_cast<const float*>(panels), n, p_first, p_last, out);
+}
+
+void layer_panels(const DflLayerWeights* w, const void* panels, const float* x, int rows, int k, int n, float* out) {
+  layer_panel_range(w, panels, x, rows, k, n, 0, (n + 7) / 8, out);
 }
 
 // out = weight * (x / sqrt(mean(x^2) + eps)); weight may be null (x / rms only). out may alias x.
@@ -539,12 +575,12 @@ int32_t dfl_decoder_layer_rows(const DflLayerWeights* w, float* x, int32_t n_seq
   }
   const int q_panels = NH * D / 8, all_panels = (QKV + 7) / 8;
   if (whole) {
-    matmul_panels(h.data(), rows, H, w->qkv, QKV, qkv.data());
+    layer_panels(w, w->qkv, h.data(), rows, H, QKV, qkv.data());
   } else {
-    if (write_kv) matmul_panel_range(h.data(), rows, H, w->qkv, QKV, q_panels, all_panels, qkv.data());
+    if (write_kv) layer_panel_range(w, w->qkv, h.data(), rows, H, QKV, q_panels, all_panels, qkv.data());
     for (int b = 0; b < n_seqs; ++b) {
       const size_t r0 = static_cast<size_t>(first_row[b] + first_ctx[b + 1] - first_ctx[b] + q_begin);
-      matmul_panel_range(h.data() + r0 * H, qn, H, w->qkv, QKV, 0, q_panels, qkv.data() + r0 * QKV);
+      layer_panel_range(w, w->qkv, h.data() + r0 * H, qn, H, QKV, 0, q_panels, qkv.data() + r0 * QKV);
     }
   }
 
@@ -604,20 +640,20 @@ int32_t dfl_decoder_layer_rows(const DflLayerWeights* w, float* x, int32_t n_seq
                 heads_out[(static_cast<size_t>(t) * group + j) * D + i];
     }
   }
-  matmul_panels(attn.data(), q_total, NH * D, w->o_proj, H, out.data());
+  layer_panels(w, w->o_proj, attn.data(), q_total, NH * D, H, out.data());
   for (int t = 0; t < q_total; ++t)
     for (int i = 0; i < H; ++i) x_row(t)[i] += out[static_cast<size_t>(t) * H + i];
 
   // 4) post-attention norm, SwiGLU MLP, residual
   std::vector<float> gate_up(static_cast<size_t>(q_total) * 2 * I), act(static_cast<size_t>(q_total) * I);
   for (int t = 0; t < q_total; ++t) rms_norm(x_row(t), w->post_norm, H, w->eps, h.data() + static_cast<size_t>(t) * H);
-  matmul_panels(h.data(), q_total, H, w->gate_up, 2 * I, gate_up.data());
+  layer_panels(w, w->gate_up, h.data(), q_total, H, 2 * I, gate_up.data());
   for (int t = 0; t < q_total; ++t) {
     float* g = gate_up.data() + static_cast<size_t>(t) * 2 * I;
     silu_mul(g, g + I, I);
     for (int i = 0; i < I; ++i) act[static_cast<size_t>(t) * I + i] = g[i];
   }
-  matmul_panels(act.data(), q_total, I, w->down, H, out.data());
+  layer_panels(w, w->down, act.data(), q_total, I, H, out.data());
   for (int t = 0; t < q_total; ++t)
     for (int i = 0; i < H; ++i) x_row(t)[i] += out[static_cast<size_t>(t) * H + i];
   return 0;
