@@ -102,6 +102,14 @@ def shipped_repo(tmp_path_factory):
     return publish(bundle, root / "repo")
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _kill_model_process(repository: Path, model: str) -> int:
     (server,) = server_pids(repository)
     (pid,) = model_processes(server)[model]
@@ -168,8 +176,13 @@ def test_a_killed_model_process_or_server_is_restarted_and_in_flight_requests_en
         assert result.token_ids and time.monotonic() - killed_at < 30
         assert _metric(ports, "dflash_server_restarts_total", "dflash") == 1.0
         (server,) = server_pids(shipped_repo)
+        stubs = [pid for pids in model_processes(server).values() for pid in pids]
         os.kill(server, signal.SIGKILL)
         assert _generate_soon(ports, 30, max_tokens=8).token_ids
+        deadline = time.monotonic() + 15  # the killed server's model processes end with it (exit_with_parent)
+        while [pid for pid in stubs if _alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in stubs if _alive(pid)], "model processes outlived their server"
         assert _metric(ports, "dflash_server_restarts_total", "dflash_ar") == 2.0
         assert proc.poll() is None  # serve itself kept running
     finally:

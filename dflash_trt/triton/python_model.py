@@ -7,6 +7,24 @@ anywhere. Needs the dflash-trt package importable by the Python the stub runs (t
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+
+
+def exit_with_parent(every_s: float = 1.0) -> None:
+    """End this stub process when tritonserver (its parent) is gone. A kill -9 of the server left a
+    model stub running for hours, holding the bundle's memory (seen in the supervisor's tests): the
+    stub's own check did not end it. Reparented (parent pid changed): `os._exit`, nothing to flush."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="dflash-parent-watch", daemon=True).start()
+
 
 class TritonPythonModel:
     def initialize(self, args):
@@ -14,6 +32,7 @@ class TritonPythonModel:
 
         from dflash_trt.triton.orchestrator import Orchestrator  # here: the ensemble's stub never imports torch
 
+        exit_with_parent()
         self.orchestrator = Orchestrator(pb_utils, args)
 
     def execute(self, requests):
@@ -31,6 +50,7 @@ class TritonEnsembleModel:
 
         from dflash_trt.triton.ensemble import EnsembleAdapter
 
+        exit_with_parent()
         self.adapter = EnsembleAdapter(pb_utils, args)
 
     def execute(self, requests):
