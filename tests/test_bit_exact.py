@@ -164,9 +164,10 @@ def test_served_bundles_decode_bit_exactly_in_half_precision(near_tie_dir, tmp_p
         server.stop()
 
 
-def test_bf16_weights_stream_as_bf16_panels_with_the_same_bits(near_tie_dir, monkeypatch):
-    """A bf16 checkpoint's layers stream bf16 panels (half the bytes of fp32), expanded exactly in the
-    kernel: the logits are the fp32 panels' bit for bit; fp32 weights (not bf16 values) keep fp32 panels."""
+@pytest.mark.parametrize("dtype,expected_format", [("bf16", 1), ("fp16", 2)])
+def test_half_weights_stream_as_half_panels_with_the_same_bits(near_tie_dir, monkeypatch, dtype, expected_format):
+    """A bf16 / fp16 checkpoint's layers stream 16-bit panels (half the bytes of fp32), expanded exactly in
+    the kernel: the logits are the fp32 panels' bit for bit; fp32 weights (neither) keep fp32 panels."""
     from dflash_trt.model import cpu_layers
     from dflash_trt.runtime.local import load_pair
 
@@ -180,12 +181,12 @@ def test_bf16_weights_stream_as_bf16_panels_with_the_same_bits(near_tie_dir, mon
             out, _ = target(tokens, positions, target.new_cache(2, 64), torch.arange(2))
         return out, {layer.__dict__["_cpu_plan"].weight_format for layer in target.model.layers}
 
-    bf16 = load_pair(near_tie_dir / "target", None, dtype="bf16", device="cpu").target
-    streamed, formats = logits(bf16)
-    assert formats == {1}
-    monkeypatch.setattr(cpu_layers, "BF16_PANELS", False)
-    expanded, formats = logits(bf16)
+    half = load_pair(near_tie_dir / "target", None, dtype=dtype, device="cpu").target
+    streamed, formats = logits(half)
+    assert formats == {expected_format}
+    monkeypatch.setattr(cpu_layers, "HALF_PANELS", False)
+    expanded, formats = logits(half)
     assert formats == {0} and torch.equal(streamed, expanded)
-    monkeypatch.setattr(cpu_layers, "BF16_PANELS", True)
+    monkeypatch.setattr(cpu_layers, "HALF_PANELS", True)
     fp32 = load_pair(near_tie_dir / "target", None, dtype="fp32", device="cpu").target
     assert logits(fp32)[1] == {0}

@@ -26,11 +26,20 @@ import torch
 from torch import nn
 
 from dflash_trt.model import cpu_ops
-from dflash_trt.model.cpu_ops import DraftStepArgs, LayerWeights, bf16_exact, bf16_panels, pack_panels, tensor_versions
+from dflash_trt.model.cpu_ops import (
+    DraftStepArgs,
+    LayerWeights,
+    bf16_exact,
+    bf16_panels,
+    fp16_exact,
+    fp16_panels,
+    pack_panels,
+    tensor_versions,
+)
 from dflash_trt.model.kv_cache import KVCache
 from dflash_trt.model.layers import RMSNorm
 
-BF16_PANELS = os.environ.get("DFLASH_TRT_BF16_PANELS", "1") != "0"  # 0: fp32 panels always (for comparisons)
+HALF_PANELS = os.environ.get("DFLASH_TRT_HALF_PANELS", "1") != "0"  # 0: fp32 panels always (for comparisons)
 MAX_ROWS = 256  # rows per pass (all sequences); measured faster than the torch path up to here on the
 # 2-core CPU, prompts included (6-layer tiny target: 128 rows 14.2 vs 17.6 ms, 256 rows 28.4 vs 34.5 ms)
 
@@ -60,10 +69,13 @@ class LayerPlan:
         qkv, gate_up, o_w, down_w, in_norm, post_norm, q_norm, k_norm = objects
         projections = (qkv, o_w, gate_up, down_w)
         self.panels = [pack_panels(w) for w in projections]  # a copy of the projections
-        # weights that are all bf16 values (a bf16 checkpoint held in fp32) stream as bf16: the same bits
-        self.weight_format = 1 if BF16_PANELS and all(bf16_exact(w) for w in projections) else 0
-        if self.weight_format:
-            self.panels = [bf16_panels(p) for p in self.panels]
+        # weights that are all bf16 (or fp16) values, e.g. a bf16 / fp16 checkpoint held in fp32, stream as
+        # their 16-bit form, widened exactly in the kernel: the same bits from half the bytes
+        self.weight_format = 0
+        if HALF_PANELS and all(bf16_exact(w) for w in projections):
+            self.weight_format, self.panels = 1, [bf16_panels(p) for p in self.panels]
+        elif HALF_PANELS and all(fp16_exact(w) for w in projections):
+            self.weight_format, self.panels = 2, [fp16_panels(p) for p in self.panels]
         qkv, o_w, gate_up, down_w = self.panels
         attn = layer.self_attn
         ptr = lambda t: None if t is None else t.data_ptr()

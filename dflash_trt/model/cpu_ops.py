@@ -126,6 +126,19 @@ def bf16_panels(panels: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def fp16_exact(weight: torch.Tensor) -> bool:
+    """Whether every value of an fp32 weight is a finite fp16 value (an fp16 checkpoint held in fp32)."""
+    w = weight.detach()
+    return weight.dtype == torch.float32 and bool(torch.isfinite(w).all()) and torch.equal(w.half().float(), w)
+
+
+def fp16_panels(panels: torch.Tensor) -> torch.Tensor:
+    """fp32 panels of fp16 values -> their IEEE half bits (uint16, same layout), expanded exactly by the kernel."""
+    out = torch.empty(panels.shape, dtype=torch.uint16)
+    out.numpy()[...] = panels.contiguous().half().numpy().view("uint16")
+    return out
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
     """weight * x / rms(x) over the last dim through the layer's norm (contiguous fp32 CPU x and
     weight, `eager`), or None when it does not apply (a torch rms_norm call is ~20-60 µs here)."""

@@ -33,8 +33,8 @@ extern "C" {
 struct DflLayerWeights {  // pointers stay owned by the Python module (cpu_layers.LayerPlan keeps them alive)
   const float* input_norm;   // [H]
   // the four projections as panels (pack_panels): [ceil(n / 8), k, 8] for a weight [n, k]
-  // panels hold fp32 values, or (weight_format 1) the bf16 bits of weights that are bf16 values: the
-  // kernel expands each exactly to fp32, so the FMA chains and results are the same, from half the bytes
+  // panels hold fp32 values, or the bf16 (weight_format 1) / fp16 (2) bits of weights that are such values:
+  // the kernel expands each exactly to fp32, so the FMA chains and results are the same, from half the bytes
   const void* qkv;           // [(NH + 2 NKV) D, H]  rows: q heads, k heads, v heads
   const float* q_norm;       // [D] or null (no q/k norm: Llama)
   const float* k_norm;       // [D] or null
@@ -44,7 +44,7 @@ struct DflLayerWeights {  // pointers stay owned by the Python module (cpu_layer
   const void* down;          // [H, I]
   int32_t hidden, heads, kv_heads, head_dim, intermediate;
   float eps;
-  int32_t weight_format;     // 0: fp32 panels, 1: bf16 panels
+  int32_t weight_format;     // 0: fp32 panels, 1: bf16 panels, 2: fp16 panels
 };
 
 }  // extern "C"
@@ -156,11 +156,48 @@ inline float weight_value(uint16_t w) {
   return f;
 }
 
+// fp16 panels: IEEE half bits of weights that are fp16 values (every one is an fp32 value).
+struct Half {
+  uint16_t bits;
+};
+inline float weight_value(Half w) {
+  const uint32_t sign = static_cast<uint32_t>(w.bits & 0x8000u) << 16, exponent = (w.bits >> 10) & 0x1Fu,
+                 mantissa = w.bits & 0x3FFu;
+  uint32_t bits;
+  if (exponent == 0x1F) {
+    bits = sign | 0x7F800000u | (mantissa << 13);  // inf / nan
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;  // +-0
+  } else {  // subnormal half: normalize
+    int e = -1;
+    uint32_t m = mantissa;
+    do {
+      ++e;
+      m <<= 1;
+    } while ((m & 0x400u) == 0);
+    bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((m & 0x3FFu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 inline __m256 load_weights(const float* p) { return _mm256_load_ps(p); }
 inline __m256 load_weights(const uint16_t* p) {
   const __m128i half = _mm_load_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+inline __m256 load_weights(const Half* p) {
+#if defined(__F16C__)
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  alignas(32) float v[8];
+  for (int i = 0; i < 8; ++i) v[i] = weight_value(p[i]);
+  return _mm256_load_ps(v);
+#endif
 }
 #endif
 
@@ -266,6 +303,8 @@ void layer_panel_range(const DflLayerWeights* w, const void* panels, const float
                        int p_first, int p_last, float* out) {
   if (w->weight_format == 1)
     matmul_panel_range(x, rows, k, static_cast<const uint16_t*>(panels), n, p_first, p_last, out);
+  else if (w->weight_format == 2)
+    matmul_panel_range(x, rows, k, static_cast<const Half*>(panels), n, p_first, p_last, out);
   else
     matmul_panel_range(x, rows, k, static_cast<const float*>(panels), n, p_first, p_last, out);
 }
