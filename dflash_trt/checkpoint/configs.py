@@ -179,14 +179,13 @@ def _architecture(f: Fields, allowed: set[str] | dict) -> str:
 def parse_target_config(data: dict, path: Path) -> TargetConfig:
     f = Fields(data, path)
     family = TARGET_ARCHITECTURES[_architecture(f, TARGET_ARCHITECTURES)]
-    eos = f.get("eos_token_id", (int, list), [])
-    eos = [eos] if isinstance(eos, int) else eos
+    eos = eos_field(f)
     return TargetConfig(
         family=family,
         vocab_size=f.int("vocab_size", minimum=1),
         dims=parse_dims(f, family),
         tie_word_embeddings=f.bool("tie_word_embeddings", False),
-        eos_token_ids=tuple(int(e) for e in eos),
+        eos_token_ids=eos,
         bos_token_id=f.int("bos_token_id", None),
     )
 
@@ -194,8 +193,17 @@ def parse_target_config(data: dict, path: Path) -> TargetConfig:
 GENERATION_CONFIG = "generation_config.json"
 
 
+def eos_field(f: Fields, strict: bool = False) -> tuple[int, ...]:
+    """`eos_token_id` of a config: an id or a list of ids (none: ()); `strict`: each a non-negative int."""
+    eos = f.get("eos_token_id", (int, list), [])
+    eos = [eos] if isinstance(eos, int) else eos
+    if strict and not all(type(e) is int and e >= 0 for e in eos):
+        raise f.error("eos_token_id", f"expected a token id or a list of token ids, got {eos}")
+    return tuple(int(e) for e in eos)
+
+
 def generation_eos_ids(folder: Path) -> tuple[int, ...]:
-    """`eos_token_id` (an id or a list) of a model folder's generation_config.json, () without one.
+    """`eos_token_id` of a model folder's generation_config.json, () without one.
 
     HF `generate` stops on every id listed there (GenerationConfig.from_pretrained reads this file;
     only without it does it fall back to config.json's): Qwen3 lists `<|endoftext|>` (151643) there
@@ -205,18 +213,17 @@ def generation_eos_ids(folder: Path) -> tuple[int, ...]:
         return ()
     from dflash_trt.checkpoint.json_fields import load_json
 
-    f = Fields(load_json(path), path)
-    eos = f.get("eos_token_id", (int, list), [])
-    eos = [eos] if isinstance(eos, int) else eos
-    if not all(type(e) is int and e >= 0 for e in eos):
-        raise f.error("eos_token_id", f"expected a token id or a list of token ids, got {eos}")
-    return tuple(eos)
+    return eos_field(Fields(load_json(path), path), strict=True)
+
+
+def joined_eos(config_eos: tuple[int, ...], folder: Path) -> tuple[int, ...]:
+    """config.json's EOS ids, then those generation_config.json adds (order kept)."""
+    return config_eos + tuple(e for e in generation_eos_ids(folder) if e not in config_eos)
 
 
 def with_generation_stops(config: TargetConfig, folder: Path) -> TargetConfig:
-    """The config's EOS ids joined with generation_config.json's (config.json's first, order kept)."""
-    extra = tuple(e for e in generation_eos_ids(folder) if e not in config.eos_token_ids)
-    return replace(config, eos_token_ids=config.eos_token_ids + extra) if extra else config
+    """The config's EOS ids joined with generation_config.json's."""
+    return replace(config, eos_token_ids=joined_eos(config.eos_token_ids, folder))
 
 
 def _dflash_value(f: Fields, d: Fields, key: str, kind: str, default=None):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dflash_trt.decoding.bad_words import banned_ids, block_bans
 from dflash_trt.decoding.sampling import SamplingParams
 from dflash_trt.decoding.stops import IncrementalText, StopAutomaton, StopScanner
 
@@ -51,8 +52,6 @@ class Request:
         [bonus, d_1 ..] that follows them; the bonus is generated[-1]); None without bad words."""
         if not self.bad_words:
             return None
-        from dflash_trt.decoding.bad_words import banned_ids, block_bans
-
         context = self.prompt + tuple(generated)
         if block is None:
             return [banned_ids(self.bad_words, context)]

@@ -91,14 +91,11 @@ def _trtllm_runners(bundle, limits: ServiceLimits) -> BundleRunners:
 
 def _hf_eos(folder: Path) -> tuple[int, ...]:
     """The target's EOS ids in a TensorRT-LLM bundle: hf_config.json's, then generation_config.json's."""
-    from dflash_trt.checkpoint.configs import generation_eos_ids
+    from dflash_trt.checkpoint.configs import eos_field, joined_eos
     from dflash_trt.checkpoint.json_fields import Fields, load_json
 
-    ids: tuple[int, ...] = ()
-    if (folder / "hf_config.json").is_file():
-        eos = Fields(load_json(folder / "hf_config.json"), folder / "hf_config.json").get("eos_token_id", (int, list), [])
-        ids = tuple([eos] if isinstance(eos, int) else eos)
-    return ids + tuple(e for e in generation_eos_ids(folder) if e not in ids)
+    path = folder / "hf_config.json"
+    return joined_eos(eos_field(Fields(load_json(path), path)) if path.is_file() else (), folder)
 
 
 def eos_ids(config_eos, tokenizer) -> frozenset[int]:

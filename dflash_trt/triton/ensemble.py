@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from dflash_trt.errors import RequestError
+
 TARGET_MODEL = "dflash"
 # name, Triton type, dims (after the batch dimension)
 INPUTS = [
@@ -60,10 +62,6 @@ DFLASH_OUTPUTS = ["text_output", "finish_reason", "num_prompt_tokens", "num_outp
 CANCEL_PREFIX = "dflash-ensemble-"  # request ids whose cancellation the adapter forwards
 
 log = logging.getLogger(__name__)
-
-
-class RequestError(ValueError):
-    pass
 
 
 def dflash_inputs(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -107,7 +105,7 @@ class EnsembleAdapter:
                         arrays[name] = tensor.as_numpy()
                 inputs = dflash_inputs(arrays)
             except RequestError as exc:
-                self._fail(sender, str(exc))
+                self._fail(sender, exc.format_message())
                 continue
             stream = _flag(arrays, "stream")
             inputs["stream"] = np.array([True])  # dflash streams to the adapter: a cancel check per step

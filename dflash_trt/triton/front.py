@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dflash_trt.triton.http_inputs import ENSEMBLE_FIELDS, FIELDS
+from dflash_trt.triton.http_inputs import ALL_FIELDS
 
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host",
                "proxy-authorization", "proxy-authenticate", "content-length"}
@@ -164,7 +164,7 @@ def output_json(result, model: str) -> dict:
 def _infer_inputs(grpcclient, arrays: dict[str, np.ndarray]) -> list:
     tensors = []
     for name, array in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), {**ENSEMBLE_FIELDS, **FIELDS}[name][2])
+        tensor = grpcclient.InferInput(name, list(array.shape), ALL_FIELDS[name][2])
         tensor.set_data_from_numpy(array)
         tensors.append(tensor)
     return tensors

@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from dflash_trt.errors import RequestError
+from dflash_trt.triton.ensemble import INPUTS as ENSEMBLE_INPUTS
 
 INT32 = (-(2**31), 2**31 - 1)
 # name: (kind, (low, high) for integers, Triton dtype, numpy type)
@@ -38,24 +39,10 @@ FIELDS = {
     "pad_id": ("int", (0, INT32[1]), "INT32", np.int32),
     "random_seed": ("int", (0, 2**64 - 1), "UINT64", np.uint64),
 }
-# the `ensemble` model's (triton/ensemble.py: TensorRT-LLM's client names); sent shaped [1, ...]
-ENSEMBLE_FIELDS = {
-    "text_input": FIELDS["text_input"],
-    "max_tokens": FIELDS["max_tokens"],
-    "bad_words": FIELDS["bad_words"],
-    "stop_words": FIELDS["stop_words"],
-    "end_id": FIELDS["end_id"],
-    "pad_id": FIELDS["pad_id"],
-    "top_k": FIELDS["top_k"],
-    "top_p": FIELDS["top_p"],
-    "temperature": FIELDS["temperature"],
-    "seed": FIELDS["seed"],
-    "random_seed": FIELDS["random_seed"],
-    "stream": FIELDS["stream"],
-    "exclude_input_in_output": ("bool", None, "BOOL", np.bool_),
-    "return_num_input_tokens": ("bool", None, "BOOL", np.bool_),
-    "return_num_output_tokens": ("bool", None, "BOOL", np.bool_),
-}
+# the `ensemble` model's (triton/ensemble.py: TensorRT-LLM's client names), sent shaped [1, ...]: the dflash
+# field of the same name, or a flag
+ENSEMBLE_FIELDS = {name: FIELDS.get(name, ("bool", None, "BOOL", np.bool_)) for name, *_ in ENSEMBLE_INPUTS}
+ALL_FIELDS = {**ENSEMBLE_FIELDS, **FIELDS}
 IGNORED = ("id",)  # KServe's request id: accepted, not an input
 
 

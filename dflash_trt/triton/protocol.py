@@ -194,34 +194,29 @@ def _prompt(get: Callable, tokenizer, chat: bool, max_seq_len: int, limits: Requ
     return tokenizer.encode(prompt, add_special_tokens=True)
 
 
-def _stop_words(get: Callable, tokenizer, limits: RequestLimits) -> list[str]:
-    value = get("stop_words")
+def _word_list(get: Callable, name: str, what: str, tokenizer, limits: RequestLimits, without_tokenizer: str) -> list[str]:
+    """The non-empty strings of input `name` (stop words, bad words), within the count and byte limits."""
+    value = get(name)
     count = 0 if value is None else np.asarray(value, dtype=object).size
     if count > limits.max_stop_words:
-        raise RequestError(f"input 'stop_words': {count} stop words; at most {limits.max_stop_words}")
-    words = _strings(get, "stop_words")
+        raise RequestError(f"input '{name}': {count} {what}s; at most {limits.max_stop_words}")
+    words = _strings(get, name)
     long = [w for w in words if len(w.encode("utf-8")) > limits.max_stop_word_bytes]
     if long:
-        raise RequestError(f"input 'stop_words': a stop word of {len(long[0].encode('utf-8'))} bytes; at most "
+        raise RequestError(f"input '{name}': a {what} of {len(long[0].encode('utf-8'))} bytes; at most "
                            f"{limits.max_stop_word_bytes}")
     if words and tokenizer is None:
-        raise RequestError("input 'stop_words': this bundle has no tokenizer; use 'stop_token_ids'")
+        raise RequestError(f"input '{name}': this bundle has no tokenizer{without_tokenizer}")
     return words
+
+
+def _stop_words(get: Callable, tokenizer, limits: RequestLimits) -> list[str]:
+    return _word_list(get, "stop_words", "stop word", tokenizer, limits, "; use 'stop_token_ids'")
 
 
 def _bad_words(get: Callable, tokenizer, limits: RequestLimits) -> tuple[tuple[int, ...], ...]:
     """Each non-empty word tokenized without special tokens, as TensorRT-LLM's preprocessing model does."""
-    value = get("bad_words")
-    count = 0 if value is None else np.asarray(value, dtype=object).size
-    if count > limits.max_stop_words:
-        raise RequestError(f"input 'bad_words': {count} bad words; at most {limits.max_stop_words}")
-    words = _strings(get, "bad_words")
-    long = [w for w in words if len(w.encode("utf-8")) > limits.max_stop_word_bytes]
-    if long:
-        raise RequestError(f"input 'bad_words': a bad word of {len(long[0].encode('utf-8'))} bytes; at most "
-                           f"{limits.max_stop_word_bytes}")
-    if words and tokenizer is None:
-        raise RequestError("input 'bad_words': this bundle has no tokenizer")
+    words = _word_list(get, "bad_words", "bad word", tokenizer, limits, "")
     ids = [tuple(tokenizer.encode(w, add_special_tokens=False)) for w in words]
     return tuple(w for w in ids if w)
 
