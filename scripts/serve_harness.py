@@ -87,6 +87,16 @@ class Served:
             out |= {f"model {model}": _rss(pids[0]) for model, pids in model_processes(server).items()}
         return out
 
+    def rss_parts_by_process(self) -> dict[str, dict[str, int]]:
+        """Each process's RSS split into anonymous, file-backed and shared-memory pages: the Python backend's
+        shared-memory pool counts in both the server's and the stub's RSS as its pages get touched."""
+        pids = {"serve (front)": self.process.pid}
+        server = self.server_pid()
+        if server is not None:
+            pids["tritonserver"] = server
+            pids |= {f"model {model}": found[0] for model, found in model_processes(server).items()}
+        return {name: {part: _rss(pid, part) for part in RSS_PARTS} for name, pid in pids.items()}
+
     def rss_bytes(self) -> int:
         """The server and its model processes (what serving costs; the front is reported on its own)."""
         return sum(v for k, v in self.rss_by_process().items() if k != "serve (front)")
@@ -101,11 +111,14 @@ class Served:
         self.log.close()
 
 
-def _rss(pid: int) -> int:
+def _rss(pid: int, field: str = "VmRSS") -> int:
     try:
-        return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0]) * 1024
+        return int(Path(f"/proc/{pid}/status").read_text().split(f"{field}:")[1].split()[0]) * 1024
     except (OSError, IndexError, ValueError):
         return 0
+
+
+RSS_PARTS = ("RssAnon", "RssFile", "RssShmem")  # VmRSS = their sum (proc(5))
 
 
 class RssSampler:
@@ -113,7 +126,7 @@ class RssSampler:
 
     def __init__(self, served: Served, every_s: float = 1.0):
         self.served, self.every_s, self.samples = served, every_s, [served.rss_bytes()]
-        self.first = served.rss_by_process()
+        self.first, self.first_parts = served.rss_by_process(), served.rss_parts_by_process()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -128,7 +141,11 @@ class RssSampler:
         self.samples.append(self.served.rss_bytes())
         mb = lambda b: round(b / 2**20, 1)  # noqa: E731
         last = self.served.rss_by_process()
-        by_process = {k: {"start_mb": mb(v), "end_mb": mb(last.get(k, 0))} for k, v in self.first.items()}
+        parts = self.served.rss_parts_by_process()
+        by_process = {k: {"start_mb": mb(v), "end_mb": mb(last.get(k, 0)),
+                          **{f"{part}_start_mb": mb(self.first_parts.get(k, {}).get(part, 0)) for part in RSS_PARTS},
+                          **{f"{part}_end_mb": mb(parts.get(k, {}).get(part, 0)) for part in RSS_PARTS}}
+                      for k, v in self.first.items()}
         return {"start_mb": mb(self.samples[0]), "end_mb": mb(self.samples[-1]), "max_mb": mb(max(self.samples)),
                 "by_process": by_process, "samples_mb": [mb(s) for s in self.samples]}
 
