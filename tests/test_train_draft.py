@@ -270,3 +270,27 @@ def test_distilled_training_at_a_sampling_temperature(tiny_pair, tmp_path):
     bad = CliRunner().invoke(cli, ["train-draft", "--target", str(tiny_pair[0]), "--data", str(tmp_path / "d.jsonl"),
                                    "--out", str(tmp_path / "x"), "--distill-weight", "1.5"])
     assert bad.exit_code == 2
+
+
+def test_regeneration_mixes_a_list_of_temperatures(tiny_pair, tmp_path):
+    """--regenerate-temperature 0,1.0: sample i is continued at the (i mod 2)-th temperature — the greedy
+    samples are the target's greedy decoding, the others its seeded sampling (seed + i), each as AR gives it."""
+    from dflash_trt.decoding.autoregressive import autoregressive_generate
+    from dflash_trt.decoding.requests import Request, StopCriteria
+    from dflash_trt.decoding.sampling import SamplingParams
+    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.train import data as train_data
+
+    pair = load_pair(tiny_pair[0], None, dtype="fp32", device="cpu")
+    samples = [train_data.Sample(list(range(3 + i, 11 + i)), 0) for i in range(4)]
+    mixed = train_data.regenerate(pair.target, samples, 8, 12, [0.0, 1.0], seed=5, batch_size=3)
+    for i, (sample, got) in enumerate(zip(samples, mixed)):
+        params = SamplingParams(temperature=[0.0, 1.0][i % 2], seed=5 + i)
+        (want,) = autoregressive_generate(pair.target, [Request(tuple(sample.tokens), params, StopCriteria(12))])
+        assert got.tokens == sample.tokens + want.tokens and got.trained_from == 8
+    assert mixed[1].tokens != train_data.regenerate(pair.target, samples[1:2], 8, 12, 0.0, seed=6)[0].tokens
+    summary = _train(tiny_pair[0], _data(tmp_path / "d.jsonl", n=8), tmp_path / "draft", 2,
+                     ["--regenerate", "--regenerate-temperature", "0,1.0"])
+    assert summary["steps"] == 2
+    record = json.loads((tmp_path / "draft" / "dflash_trt_train.json").read_text())
+    assert record["regen_temperature"] == [0.0, 1.0]

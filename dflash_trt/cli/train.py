@@ -6,7 +6,7 @@ import json
 
 import click
 
-from dflash_trt.cli.types import INT_LIST
+from dflash_trt.cli.types import FLOAT_LIST, INT_LIST
 
 
 @click.command("train-draft", short_help="Train a DFlash drafter for a HF target (CPU or CUDA).")
@@ -26,9 +26,10 @@ from dflash_trt.cli.types import INT_LIST
 @click.option("--regenerate", is_flag=True, help="Continue each sample's prompt with the target itself.")
 @click.option("--regen-prompt-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--regen-new-tokens", type=click.IntRange(min=1), default=192, show_default=True)
-@click.option("--regen-temperature", "--regenerate-temperature", "regen_temperature", type=click.FloatRange(min=0),
-              default=0.0, show_default=True,
-              help="Regenerate by sampling at this temperature (0: greedy), e.g. the serving temperature.")
+@click.option("--regen-temperature", "--regenerate-temperature", "regen_temperature", type=FLOAT_LIST,
+              default="0", show_default=True,
+              help="Regenerate by sampling at this temperature (0: greedy), e.g. the serving temperature; a list "
+                   "(0,1.0) mixes them: sample i is continued at the (i mod n)-th temperature.")
 @click.option("--distill-temperature", type=click.FloatRange(min=0, min_open=True),
               help="Add a KL loss to the target's distribution at this temperature (soft labels) to the hard-label "
                    "loss: a drafter for sampled serving (coupled drafts match when its distribution matches).")
@@ -58,6 +59,8 @@ def train_draft_command(**options):
     from dflash_trt.train.trainer import TrainDraftConfig, train_draft
 
     options["data"] = list(options["data"])
+    temperatures = options["regen_temperature"]  # one value is recorded as a number, as before lists existed
+    options["regen_temperature"] = temperatures[0] if len(temperatures) == 1 else list(temperatures)
     summary = train_draft(TrainDraftConfig(**options))
     click.echo(json.dumps(summary | {"out": options["out"]}, indent=2))
 

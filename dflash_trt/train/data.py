@@ -72,9 +72,12 @@ def _jsonl_samples(path: Path, tokenizer) -> list[Sample]:
     return out
 
 
-def regenerate(target, samples: list[Sample], prompt_tokens: int, new_tokens: int, temperature: float,
+def regenerate(target, samples: list[Sample], prompt_tokens: int, new_tokens: int, temperature: float | list[float],
                seed: int, batch_size: int = 32, stop_ids=frozenset(), progress=None) -> list[Sample]:
-    """Replace each sample's continuation by the target's own decoding of its prompt."""
+    """Replace each sample's continuation by the target's own decoding of its prompt, sampled at `temperature`
+    (0: greedy); a list of temperatures mixes them, sample i taking temperatures[i % n] (e.g. greedy and
+    sampled continuations for a drafter that serves both)."""
+    temperatures = list(temperature) if isinstance(temperature, (list, tuple)) else [temperature]
     from dflash_trt.decoding.autoregressive import autoregressive_generate
     from dflash_trt.decoding.requests import Request, StopCriteria
     from dflash_trt.decoding.sampling import SamplingParams
@@ -83,8 +86,8 @@ def regenerate(target, samples: list[Sample], prompt_tokens: int, new_tokens: in
     for start in range(0, len(samples), batch_size):
         chunk = samples[start : start + batch_size]
         prompts = [tuple(s.tokens[: s.trained_from or prompt_tokens]) for s in chunk]
-        requests = [Request(p, SamplingParams(temperature, seed=seed + start + i), StopCriteria(new_tokens, stop_ids))
-                    for i, p in enumerate(prompts)]
+        requests = [Request(p, SamplingParams(temperatures[(start + i) % len(temperatures)], seed=seed + start + i),
+                            StopCriteria(new_tokens, stop_ids)) for i, p in enumerate(prompts)]
         for prompt, result in zip(prompts, autoregressive_generate(target, requests)):
             out.append(Sample(list(prompt) + result.tokens, len(prompt)))
         if progress is not None:

@@ -60,7 +60,7 @@ class TrainDraftConfig:
     regenerate: bool = False
     regen_prompt_tokens: int = 64
     regen_new_tokens: int = 192
-    regen_temperature: float = 0.0
+    regen_temperature: float | list[float] = 0.0  # a list: sample i is continued at temperature [i % n]
     # Distillation: None trains on the hard labels only; a temperature T adds KL(p_T || q_T) to the target's
     # own distribution at T (what coupled drafts at serving temperature T need), mixed with the hard-label
     # loss as distill_weight * KL + (1 - distill_weight) * CE.
