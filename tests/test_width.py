@@ -5,7 +5,7 @@ from test_lossless import _requests
 
 from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.decoding.decode import speculative_generate
-from dflash_trt.decoding.width import AdaptiveWidth
+from dflash_trt.decoding.width import AdaptiveWidth, MeasuredWidth
 from dflash_trt.runtime.service import DFlashService, ServiceLimits
 
 
@@ -119,3 +119,34 @@ def test_measured_width_is_lossless_in_the_reference_loop_with_ar_steps(loaded_t
     got = speculative_generate(loaded_tiny_pair.target, loaded_tiny_pair.draft, requests, 8, width=width)
     assert [g.tokens for g in got] == expected
     assert any(w == 1 for (_, w) in width.seconds) and any(w > 1 for (_, w) in width.seconds)
+
+
+class _Scripted(MeasuredWidth):
+    """A width policy that runs `widths` in order, then the last one forever."""
+
+    def __init__(self, widths):
+        super().__init__(8)
+        self.script = list(widths)
+
+    def width(self, bands):
+        return self.script.pop(0) if len(self.script) > 1 else self.script[0]
+
+
+def test_ar_steps_leave_the_drafter_the_context_it_would_have_had():
+    """AR steps keep their taps pending and the next draft pass stores them all: the drafts after 4 AR steps
+    are exactly those of a run whose prompt already held those 4 tokens (a lost or misplaced context would
+    still be lossless, only worse drafts; this checks the drafts themselves), two rows in a batch."""
+    from dflash_trt.decoding.requests import Request, StopCriteria
+    from dflash_trt.engine.config import ASSETS
+    from dflash_trt.runtime.local import load_pair
+
+    pair = load_pair(ASSETS / "tiny-qwen3", ASSETS / "tiny-qwen3-dflash", dtype="fp32", device="cpu")
+    prompts = [tuple(pair.tokenizer.encode(t)) for t in ("def fibonacci(n):\n", "import os\nimport sys\n")]
+    after_ar = speculative_generate(pair.target, pair.draft, [Request(p, stop=StopCriteria(40)) for p in prompts], 8,
+                                    width=_Scripted([1, 1, 1, 1, 8]))
+    assert [r.accepted_drafts[:4] for r in after_ar] == [[0] * 4] * 2
+    shifted = [Request(p + tuple(r.tokens[:4]), stop=StopCriteria(36)) for p, r in zip(prompts, after_ar)]
+    direct = speculative_generate(pair.target, pair.draft, shifted, 8)
+    for a, d in zip(after_ar, direct):
+        assert a.tokens[4:] == d.tokens
+        assert a.accepted_drafts[4:] == d.accepted_drafts and sum(d.accepted_drafts) > 10

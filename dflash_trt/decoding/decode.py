@@ -35,10 +35,30 @@ def banned_rows(rows: list[Row], blocks: torch.Tensor) -> list:
     return [row.request.bans(row.tokens, block) for row, block in zip(rows, blocks.tolist())]
 
 
-def merge_context(older: tuple, newer: tuple) -> tuple:
-    """Two deferred contexts (slots, target_hidden [B, T, n*H], positions [B, T], valid [B, T]) of the same
-    slots as one, in position order: a draft pass stores both in one projection per layer."""
-    return (newer[0], *(torch.cat([a, b], dim=1) for a, b in zip(older[1:], newer[1:])))
+def merge_context(parts: list[tuple]) -> tuple | None:
+    """Deferred contexts (slots, target_hidden [B, T, n*H], positions [B, T], valid [B, T]) of the same slots,
+    oldest first, as one in position order (None for none): a draft pass stores them all in one projection
+    per layer. Kept as a list while AR steps add to it and joined once here (one cat, not one per step)."""
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    return (parts[-1][0], *(torch.cat(fields, dim=1) for fields in zip(*(part[1:] for part in parts))))
+
+
+def _commit_step(rows: list[Row], active: torch.Tensor, chosen: torch.Tensor, accepted: torch.Tensor,
+                 drafts: torch.Tensor, on_commit: OnCommit | None, bonus: torch.Tensor) -> list[int]:
+    """Commit each active row's accepted drafts and the target's token after them (the new bonus); the
+    accepted counts as a list."""
+    accepted_list = accepted.tolist()
+    for j, (index, a) in enumerate(zip(active.tolist(), accepted_list)):
+        row = rows[index]
+        kept = row.commit(chosen[j, : a + 1].tolist(), on_commit)
+        row.acceptance_lengths.append(kept)
+        row.accepted_drafts.append(a)
+        row.draft_tokens += drafts.shape[1]
+    bonus[active] = chosen.gather(1, accepted[:, None])[:, 0]
+    return accepted_list
 
 
 @torch.inference_mode()
@@ -85,7 +105,7 @@ def speculative_generate(
     timings.prefill_s += time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    pending = None  # last step's committed context: stored by this step's draft pass (see take_context)
+    pending: list[tuple] = []  # committed contexts since the last draft pass: stored by the next one (take_context)
     active_ids = None
     while not all(row.done for row in rows):
         if (ids := [r.index for r in rows if not r.done]) != active_ids:  # a row finished (or the first step)
@@ -98,22 +118,38 @@ def speculative_generate(
             step_width = min(width.width(), block_size) if width is not None else block_size
         step_width = min(step_width, max(rows[i].remaining for i in active_ids))  # no row commits more
         # an AR step (width 1) keeps the committed context pending: the next draft pass stores it all at once
-        keep_pending = step_width == 1 and pending is not None and torch.equal(pending[0], active)
-        context = None if keep_pending else draft.take_context(pending, draft_cache, active)
-        offsets = torch.arange(step_width, device=device)[None, :]  # [1, W]
+        keep_pending = step_width == 1 and bool(pending) and torch.equal(pending[-1][0], active)
+        context = None
+        if not keep_pending:
+            context, pending = draft.take_context(merge_context(pending), draft_cache, active), []
         block_start = start[active]  # [n] position of each bonus token
+        t_draft = time.perf_counter()
+        if step_width == 1:  # a plain AR step: no draft pass (its context waits in `pending`, stored later)
+            block, block_positions = bonus[active, None], block_start[:, None]
+            drafts = block[:, 1:]  # [n, 0]
+            logits, verify_hidden = target(block, block_positions, target_cache, active, taps)
+            if any_bad_words:
+                mask_banned(logits, banned_rows([rows[i] for i in active_ids], block))
+            chosen = sample_tokens(logits[:, 0], block_start + 1, *row_params)[:, None]  # as verify_block picks it
+            accepted = torch.zeros_like(block_start)
+            accepted_list = _commit_step(rows, active, chosen, accepted, drafts, on_commit, bonus)
+            if isinstance(width, MeasuredWidth):
+                width.update(bands, accepted_list, 1, time.perf_counter() - t_draft)
+            target_cache.advance(active, 1)
+            draft_cache.crop(active, block_start + 1)
+            pending.append((active, verify_hidden, block_positions, torch.ones_like(block, dtype=torch.bool)))
+            start[active] = block_start + 1
+            timings.steps += 1
+            continue
+        offsets = torch.arange(step_width, device=device)[None, :]  # [1, W]
         block_positions = block_start[:, None] + offsets  # [n, W]
 
         # 2) draft: [bonus, MASK x K] through the drafter in one pass; greedy proposals, coupled ones for
         #    sampled rows (the sampling rule on the draft's logits with the row's noise, model/draft_heads.py)
-        t_draft = time.perf_counter()
         block = torch.full((active.numel(), step_width), mask_token_id, dtype=torch.int64, device=device)
         block[:, 0] = bonus[active]
-        if step_width > 1:
-            drafts = draft.draft_block(target.embed(block), block_positions, draft_cache, active, context,
-                                       target.lm_head, min_confidence, row_params, anchor=block[:, 0])  # [n, K']
-        else:  # a plain AR step: no draft pass (its context waits in `pending`, merged below)
-            drafts = torch.zeros(active.numel(), 0, dtype=torch.int64, device=device)
+        drafts = draft.draft_block(target.embed(block), block_positions, draft_cache, active, context,
+                                   target.lm_head, min_confidence, row_params, anchor=block[:, 0])  # [n, K']
         block = block[:, : drafts.shape[1] + 1]
         block[:, 1:] = drafts
         block_positions = block_positions[:, : block.shape[1]]
@@ -121,13 +157,7 @@ def speculative_generate(
 
         # 3) verify: the target runs the whole block once and picks its own token everywhere
         bans = banned_rows([rows[i] for i in active_ids], block) if any_bad_words else None
-        if step_width == 1:  # an AR step: the token at start + 1 by the sampling rule, as verify_block picks it
-            logits, verify_hidden = target(block, block_positions, target_cache, active, taps)
-            if bans is not None:
-                mask_banned(logits, bans)
-            chosen = sample_tokens(logits[:, 0], block_start + 1, *row_params)[:, None]
-            accepted = torch.zeros(active.numel(), dtype=torch.int64, device=device)
-        elif bans is not None:  # bad words: every row's logits, masked per row, then the rule
+        if bans is not None:  # bad words: every row's logits, masked per row, then the rule
             logits, verify_hidden = target(block, block_positions, target_cache, active, taps)
             chosen, accepted = verify_block(mask_banned(logits, bans), drafts, block_start, *row_params)
         elif device.type == "cpu":  # lm_head only as far as some row's drafts still match
@@ -140,23 +170,17 @@ def speculative_generate(
 
         # 4) accept the longest matching prefix plus the target's token after it (the new bonus)
         committed = accepted + 1  # [n]
+        accepted_list = _commit_step(rows, active, chosen, accepted, drafts, on_commit, bonus)
         if isinstance(width, MeasuredWidth):
-            width.update(bands, accepted.tolist(), step_width, time.perf_counter() - t_draft)
+            width.update(bands, accepted_list, step_width, time.perf_counter() - t_draft)
         elif width is not None and drafts.shape[1]:
-            width.update(accepted.tolist(), drafts.shape[1])
-        for j, (index, a) in enumerate(zip(active.tolist(), accepted.tolist())):
-            row = rows[index]
-            kept = row.commit(chosen[j, : a + 1].tolist(), on_commit)
-            row.acceptance_lengths.append(kept)
-            row.accepted_drafts.append(a)
-            row.draft_tokens += drafts.shape[1]
-        bonus[active] = chosen.gather(1, accepted[:, None])[:, 0]
+            width.update(accepted_list, drafts.shape[1])
 
         # 5) rewind: both caches keep exactly the committed positions (bonus + accepted drafts); the
         #    committed rows' taps become draft context in the next draft pass
         target_cache.crop(active, block_start + committed)
         step_context = (active, verify_hidden, block_positions, offsets < committed[:, None])
-        pending = merge_context(pending, step_context) if keep_pending else step_context
+        pending.append(step_context)
         draft_cache.crop(active, block_start + committed)
         start[active] = block_start + committed
         timings.steps += 1

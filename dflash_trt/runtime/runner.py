@@ -108,17 +108,17 @@ class TorchDraftRunner:
         self.cache = draft.new_cache(n_slots, capacity)
         self.device = target.lm_head.weight.device
         self.mask_token_id = draft.config.mask_token_id
-        self.pending: tuple | None = None  # (slots, taps, positions, valid) not yet in the cache
+        self.pending: list[tuple] = []  # (slots, taps, positions, valid) of the same slots not yet in the cache
 
     @torch.inference_mode()
     def append_context(self, slots, taps, positions, valid) -> None:
         """Deferred: the next `propose` over the same slots stores it in its own pass (one projection
         per layer for context and block); any other call order stores it first."""
-        if self.pending is not None and torch.equal(self.pending[0], slots):  # after an AR step: one pass for both
-            self.pending = merge_context(self.pending, (slots, taps, positions, valid))
+        if self.pending and torch.equal(self.pending[-1][0], slots):  # after an AR step: one pass for all
+            self.pending.append((slots, taps, positions, valid))
             return
-        self.draft.take_context(self.pending, self.cache, None)
-        self.pending = (slots, taps, positions, valid)
+        self.draft.take_context(merge_context(self.pending), self.cache, None)
+        self.pending = [(slots, taps, positions, valid)]
 
     @torch.inference_mode()
     def propose(self, slots: torch.Tensor, bonus: torch.Tensor, start: torch.Tensor,
@@ -127,7 +127,7 @@ class TorchDraftRunner:
         per step; K' < K when the drafter is not confident past K', see `min_confidence`). `sampling`
         (T, top_k, top_p, seed [B]): rows with T > 0 get coupled drafts (model/draft_heads.py)."""
         width = min(block_size or self.block_size, self.block_size)
-        context, self.pending = self.draft.take_context(self.pending, self.cache, slots), None
+        context, self.pending = self.draft.take_context(merge_context(self.pending), self.cache, slots), []
         block = torch.full((slots.numel(), width), self.mask_token_id, dtype=torch.int64, device=self.device)
         block[:, 0] = bonus
         positions = start[:, None] + torch.arange(width, device=self.device)[None, :]
