@@ -150,3 +150,20 @@ def test_ar_steps_leave_the_drafter_the_context_it_would_have_had():
     for a, d in zip(after_ar, direct):
         assert a.tokens[4:] == d.tokens
         assert a.accepted_drafts[4:] == d.accepted_drafts and sum(d.accepted_drafts) > 10
+
+
+def test_measured_width_explores_by_closeness_and_shrugs_off_stalls():
+    """Exploring costs what an arm loses to the best: arms measuring far worse are rechecked rarely, close ones
+    often; a shared machine's stalls (a step 10x slower now and then) do not move the choice."""
+    import random
+
+    hot = _simulate(MeasuredWidth(16), [3], _tokens, _cpu_seconds, steps=3000)[100:]  # AR steps win by ~1.5x
+    assert hot.count(1) / len(hot) > 0.95
+    assert 0 < sum(w > 1 for w in hot)  # still rechecked: acceptance and load drift
+    rng = random.Random(3)
+    stalled = lambda batch, w: _cpu_seconds(batch, w) * (10 if rng.random() < 0.05 else 1)  # noqa: E731
+    tail = _simulate(MeasuredWidth(16), [3], _tokens, stalled, steps=3000)[100:]
+    assert tail.count(1) / len(tail) > 0.95
+    close = lambda band, w: 1 + 0.45 * (w > 1)  # noqa: E731  width 2 within a few % of AR
+    near = _simulate(MeasuredWidth(16), [3], close, _cpu_seconds, steps=1200)[100:]
+    assert sum(w == 2 for w in near) >= 40 or near.count(2) > near.count(1)  # a near tie is rechecked often

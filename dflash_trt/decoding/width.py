@@ -69,28 +69,36 @@ class MeasuredWidth:
     a step (the confidence cut, the draft vocabulary, sampling costs) is in the numbers:
 
         tokens[band, w]   committed tokens per row per step (EMA), per temperature band
-        seconds[B, w]     seconds of a step of B rows (draft + verify pass, EMA)
+        seconds[B, w]     seconds of a step of B rows (draft + verify pass): the median of its last
+                          `window` steps (a shared machine's stalls are outliers, not the cost)
 
     For a batch whose rows are in bands b_r it picks  w* = argmax_w  sum_r tokens[b_r, w] / seconds[B, w],
-    (keeping the arm in use unless another measures `margin` better: timings are noisy), so a width
-    measuring slower than AR (w = 1) is never kept: DFlash never loses to autoregressive
-    decoding by its own measurements, at any temperature or batch size. An arm not yet measured for this
-    batch (or a band of it) runs first, widest first; every `explore_every` steps a neighbour of the best
-    arm runs, and every fourth time any arm in turn (the machine and the acceptance drift; exploring next
-    to AR costs little, and a noisy first measurement cannot strand the choice). Lossless at any width: which tokens are committed never
-    depends on it.
+    keeping the arm in use unless another measures `margin` better (timings are noisy), so a width
+    measuring slower than AR (w = 1) is not kept: DFlash does not lose to autoregressive decoding by its
+    own measurements, at any temperature or batch size. An arm not yet measured for this batch (or a band
+    of it) runs first, widest first. After that the other arms are explored, at most one step in
+    `explore_every`, each arm when it is due: `explore_every / r**6` steps after it last ran (at most
+    `max_wait` x explore_every), r = its value / the best's. An arm measuring nearly as good is rechecked
+    every few dozen steps, one at 60% of the best's value every few hundred: exploring costs what the
+    arm loses to the best, so hopeless arms (a sampled draft pass costs about an AR step on a small CPU)
+    are rarely paid for, while drift (acceptance changes with the text, the machine with its load) is still
+    found. Lossless at any width: which tokens are committed never depends on it.
     """
 
-    def __init__(self, max_width: int, decay: float = 0.9, explore_every: int = 12, margin: float = 0.05):
+    def __init__(self, max_width: int, decay: float = 0.9, explore_every: int = 12, margin: float = 0.05,
+                 window: int = 7, max_wait: int = 50):
         if max_width < 2:
             raise ValueError(f"max_width must be >= 2, got {max_width}")
         self.max_width, self.decay, self.explore_every = max_width, decay, explore_every
         self.arms = sorted({1, max_width, *(1 << i for i in range(1, max_width.bit_length()) if 1 << i < max_width)})
         self.tokens: dict[tuple[int, int], float] = {}
         self.seconds: dict[tuple[int, int], float] = {}
+        self.recent: dict[tuple[int, int], list[float]] = {}  # the last `window` step seconds per (rows, width)
         self.counts: dict[tuple, int] = {}
         self.held: dict[tuple, int] = {}  # batch composition -> index of the arm in use
-        self.margin = margin
+        self.last_run: dict[tuple, int] = {}  # (batch composition, width) -> step it last ran
+        self.last_explored: dict[tuple, int] = {}  # batch composition -> step of its last exploration
+        self.margin, self.window, self.max_wait = margin, window, max_wait
         self.steps = 0
 
     def _ema(self, table: dict, key, value: float) -> None:
@@ -99,6 +107,13 @@ class MeasuredWidth:
         old = table.get(key, value)
         weight = max(1.0 / n, 1.0 - self.decay)
         table[key] = (1 - weight) * old + weight * value
+
+    def _time(self, key: tuple[int, int], seconds: float) -> None:
+        recent = self.recent.setdefault(key, [])
+        recent.append(seconds)
+        del recent[: -self.window]
+        ordered = sorted(recent)
+        self.seconds[key] = ordered[len(ordered) // 2]
 
     def value(self, bands: list[int], width: int) -> float | None:
         """Expected committed tokens per second of a step at `width`, or None if not measured yet."""
@@ -114,24 +129,39 @@ class MeasuredWidth:
         unmeasured = [w for w in self.arms if self.value(bands, w) is None]
         if unmeasured:
             return unmeasured[-1]
-        best = max(range(len(self.arms)), key=lambda i: self.value(bands, self.arms[i]))
-        held = self.held.get(tuple(sorted(bands)))  # hysteresis: keep the arm in use unless beaten by `margin`
-        if held is not None and self.value(bands, self.arms[held]) * (1 + self.margin) >= self.value(bands, self.arms[best]):
+        values = [self.value(bands, w) for w in self.arms]
+        best = max(range(len(self.arms)), key=values.__getitem__)
+        key = tuple(sorted(bands))
+        held = self.held.get(key)  # hysteresis: keep the arm in use unless beaten by `margin`
+        if held is not None and values[held] * (1 + self.margin) >= values[best]:
             best = held
-        self.held[tuple(sorted(bands))] = best
-        if self.explore_every and self.steps % self.explore_every == 0:
-            turn = self.steps // self.explore_every
-            if turn % 4 == 3:  # every fourth exploration: any arm, in turn (a noisy start cannot strand it)
-                return self.arms[(turn // 4) % len(self.arms)]
-            near = [i for i in (best - 1, best + 1) if 0 <= i < len(self.arms)]  # else a neighbour of the best
-            return self.arms[near[turn % len(near)]]
+        self.held[key] = best
+        if self.explore_every and self.steps - self.last_explored.get(key, -self.explore_every) >= self.explore_every:
+            due = self._due(key, values, best)
+            if due is not None:
+                self.last_explored[key] = self.steps
+                return self.arms[due]
         return self.arms[best]
+
+    def _due(self, key: tuple, values: list[float], best: int) -> int | None:
+        """The most overdue arm other than `best`, or None when none is due."""
+        top, found, most = max(values[best], 1e-12), None, 1.0
+        for i, w in enumerate(self.arms):
+            if i == best:
+                continue
+            ratio = max(min(values[i] / top, 1.0), 1e-3)
+            wait = min(self.explore_every / ratio**6, self.explore_every * self.max_wait)
+            overdue = (self.steps - self.last_run.get((key, w), 0)) / wait
+            if overdue >= most:
+                found, most = i, overdue
+        return found
 
     def update(self, bands: list[int], accepted: list[int], width: int, seconds: float) -> None:
         """Fold one step in: each row's band and accepted drafts, the width it ran at, its seconds."""
         width = min(self.arms, key=lambda w: abs(w - width))  # a width outside the arms counts as the nearest
-        self._ema(self.seconds, (len(bands), width), seconds)
+        self._time((len(bands), width), seconds)
         for band in set(bands):
             mine = [a + 1 for b, a in zip(bands, accepted) if b == band]
             self._ema(self.tokens, (band, width), sum(mine) / len(mine))
+        self.last_run[tuple(sorted(bands)), width] = self.steps
         self.steps += 1
