@@ -101,7 +101,7 @@ def test_service_with_confidence_cut_on_the_shipped_pair(shipped_pair):
     results, widths = {}, {}
     for theta in (0.0, 0.05):
         svc = DFlashService(shipped_pair, ServiceLimits(max_batch_size=2, max_seq_len=256, block_size=16,
-                                                        draft_confidence=theta))
+                                                        draft_confidence=theta, width_policy="schedule"))
         seen = []
         verify = svc.scheduler.target.verify
         svc.scheduler.target.verify = lambda slots, blocks, *a: (seen.append(blocks.shape[1]), verify(slots, blocks, *a))[1]

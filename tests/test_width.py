@@ -5,6 +5,7 @@ from test_lossless import _requests
 
 from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.decoding.decode import speculative_generate
+from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.decoding.width import AdaptiveWidth, MeasuredWidth
 from dflash_trt.runtime.service import DFlashService, ServiceLimits
 
@@ -167,3 +168,27 @@ def test_measured_width_explores_by_closeness_and_shrugs_off_stalls():
     close = lambda band, w: 1 + 0.45 * (w > 1)  # noqa: E731  width 2 within a few % of AR
     near = _simulate(MeasuredWidth(16), [3], close, _cpu_seconds, steps=1200)[100:]
     assert sum(w == 2 for w in near) >= 40 or near.count(2) > near.count(1)  # a near tie is rechecked often
+
+
+def test_auto_policy_keeps_the_schedule_for_greedy_batches_and_measures_sampled_ones(loaded_tiny_pair):
+    """width_policy "auto" (the default): every all-greedy step takes block_size_schedule's width; once a row
+    samples, the measured choice (this random drafter accepts ~nothing, so AR steps of width 1 win); lossless."""
+    for temperature, seed in ((0.0, 61), (1.2, 62)):
+        svc = DFlashService(loaded_tiny_pair, ServiceLimits(max_batch_size=3, max_seq_len=160, block_size=8,
+                                                            block_size_schedule={3: 4}))
+        seen = []
+        verify = svc.scheduler.target.verify
+        svc.scheduler.target.verify = lambda slots, blocks, *a: (seen.append((len(slots), blocks.shape[1])),
+                                                                verify(slots, blocks, *a))[1]
+        try:
+            requests = [Request(r.prompt, r.params, StopCriteria(60)) for r in _requests(temperature, n=3, seed=seed)]
+            got = svc.generate(requests)
+        finally:
+            svc.shutdown()
+        assert [g.tokens for g in got] == [e.tokens for e in autoregressive_generate(loaded_tiny_pair.target, requests)]
+        if temperature == 0.0:  # the schedule's widths (narrower only where a row's last block narrows)
+            full = [w for n, w in seen if n == 3]
+            assert full.count(4) >= 0.8 * len(full) and max(full) == 4, seen
+        else:
+            widths = [w for _, w in seen]
+            assert widths[-20:].count(1) >= 15, widths

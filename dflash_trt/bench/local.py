@@ -98,8 +98,8 @@ def bench_block_size(pair, prompts: list[list[int]], block_size: int, max_new_to
     with `width_policy` "measured" from acceptance and measured pass costs (MeasuredWidth, down to AR
     steps), with `min_confidence` it verifies only the drafts the drafter trusts (`confident_drafts`)."""
     width = AdaptiveWidth(block_size, adaptive_cost) if adaptive_cost is not None else None
-    if width_policy == "measured":
-        width = MeasuredWidth(block_size)
+    if width_policy in ("measured", "auto"):  # auto: greedy rows keep the full block (`fixed`)
+        width = MeasuredWidth(block_size, greedy=(lambda batch: block_size) if width_policy == "auto" else None)
     spec_s = ar_s = 0.0
     tokens, identical, lengths, accepted = 0, True, [], []
     for prompt in prompts:

@@ -30,9 +30,10 @@ from dflash_trt.cli.types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, FLOAT_LIST, INT_
               help="Local mode: verify only the drafts whose running draft probability is >= this "
                    "(runtime.draft_confidence; 0 = full blocks). Default: 0.1 on CPU (extra verified rows "
                    "cost there), 0 on GPUs.")
-@click.option("--width-policy", type=click.Choice(["fixed", "measured"]), default="fixed", show_default=True,
+@click.option("--width-policy", type=click.Choice(["fixed", "measured", "auto"]), default="auto", show_default=True,
               help="Local mode: 'measured' picks each step's verify width from measured acceptance (per temperature "
-                   "band) and pass costs, down to plain AR steps (runtime.width_policy: measured).")
+                   "band) and pass costs, down to plain AR steps (runtime.width_policy: measured); 'auto' does so for "
+                   "sampled requests and keeps greedy ones at the full block ('fixed').")
 @click.option("--draft-vocab", type=DRAFT_VOCAB, default="auto", show_default=True, help="Local mode. " + DRAFT_VOCAB_HELP)
 @click.option("--reference", is_flag=True, help="Local mode: also race z-lab's dflash_generate (dflash==0.1.0) on "
               "the same prompts, alternating, and check its tokens are identical (greedy only).")

@@ -51,6 +51,10 @@ class AdaptiveWidth:
 # Measured widths: acceptance per temperature band, pass costs by rows, down to plain AR steps
 # ---------------------------------------------------------------------------------------------
 
+# "schedule": block_size_schedule (or the full block); "measured": MeasuredWidth for every batch; "auto":
+# the schedule for all-greedy batches, MeasuredWidth once a row samples (the default)
+WIDTH_POLICIES = ("schedule", "measured", "auto")
+
 TEMPERATURE_BANDS = (0.0, 0.5, 1.0)  # band 0: greedy; 1: (0, 0.5]; 2: (0.5, 1.0]; 3: above 1.0
 
 
@@ -86,7 +90,7 @@ class MeasuredWidth:
     """
 
     def __init__(self, max_width: int, decay: float = 0.9, explore_every: int = 12, margin: float = 0.05,
-                 window: int = 7, max_wait: int = 50):
+                 window: int = 7, max_wait: int = 50, greedy=None):
         if max_width < 2:
             raise ValueError(f"max_width must be >= 2, got {max_width}")
         self.max_width, self.decay, self.explore_every = max_width, decay, explore_every
@@ -99,6 +103,10 @@ class MeasuredWidth:
         self.last_run: dict[tuple, int] = {}  # (batch composition, width) -> step it last ran
         self.last_explored: dict[tuple, int] = {}  # batch composition -> step of its last exploration
         self.margin, self.window, self.max_wait = margin, window, max_wait
+        # `greedy(batch) -> width` (the "auto" policy): all-greedy batches take it (a fixed schedule: greedy
+        # acceptance is high and steady, and the measured choice between near-equal wide arms is noisy); a
+        # batch with any sampled row takes the measured choice
+        self.greedy = greedy
         self.steps = 0
 
     def _ema(self, table: dict, key, value: float) -> None:
@@ -126,6 +134,8 @@ class MeasuredWidth:
     def width(self, bands: list[int]) -> int:
         if not bands:
             return self.max_width
+        if self.greedy is not None and not any(bands):
+            return self.greedy(len(bands))
         unmeasured = [w for w in self.arms if self.value(bands, w) is None]
         if unmeasured:
             return unmeasured[-1]

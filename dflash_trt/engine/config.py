@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from dflash_trt.decoding.width import WIDTH_POLICIES
 from dflash_trt.errors import ConfigError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -56,7 +57,8 @@ class RuntimeConfig:
     # Verify widths: "schedule" (block_size_schedule, adaptive_width_cost as above) or "measured": each step
     # picks the width from this machine's measured acceptance per temperature band and pass costs by rows,
     # down to plain AR steps where drafting measures slower (decoding/width.py MeasuredWidth).
-    width_policy: str = "schedule"
+    # "auto" (default): the schedule while every row of a step is greedy, the measured choice once one samples.
+    width_policy: str = "auto"
 
 
 @dataclass
@@ -134,8 +136,8 @@ def _check(cfg: BuildConfig, where: str) -> None:
     conf = cfg.runtime.draft_confidence
     if not (isinstance(conf, (int, float)) and not isinstance(conf, bool) and 0 <= conf < 1):
         bad("runtime.draft_confidence", f"expected a probability in [0, 1) (0 = full blocks), got {conf!r}")
-    if cfg.runtime.width_policy not in ("schedule", "measured"):
-        bad("runtime.width_policy", f"expected schedule or measured, got {cfg.runtime.width_policy!r}")
+    if cfg.runtime.width_policy not in WIDTH_POLICIES:
+        bad("runtime.width_policy", f"expected one of {', '.join(WIDTH_POLICIES)}, got {cfg.runtime.width_policy!r}")
     if not isinstance(cfg.runtime.sampled_requests, bool):
         bad("runtime.sampled_requests", f"expected true or false, got {cfg.runtime.sampled_requests!r}")
     vocab = cfg.runtime.draft_vocab_size

@@ -24,7 +24,7 @@ import torch
 
 from dflash_trt.decoding.requests import Detokenize, GenerationResult, Request, Row
 from dflash_trt.decoding.sampling import params_tensors
-from dflash_trt.decoding.width import AdaptiveWidth, MeasuredWidth, temperature_band
+from dflash_trt.decoding.width import WIDTH_POLICIES, AdaptiveWidth, MeasuredWidth, temperature_band
 from dflash_trt.runtime.runner import DraftRunner, TargetRunner
 
 
@@ -96,7 +96,7 @@ class Scheduler:
                  detokenize: Detokenize | None = None, max_prefill_batch: int = 8, device="cpu",
                  on_step: Callable[[StepStats], None] | None = None,
                  block_size_schedule: dict[int, int] | None = None, adaptive_width_cost: float | None = None,
-                 width_policy: str = "schedule"):
+                 width_policy: str = "auto"):
         self.target, self.draft, self.capacity = target, draft, capacity
         self.detokenize, self.max_prefill_batch, self.device = detokenize, max_prefill_batch, device
         self.on_step = on_step
@@ -105,11 +105,15 @@ class Scheduler:
         self.block_size_schedule = dict(sorted((block_size_schedule or {}).items()))
         self.adaptive = AdaptiveWidth(self.block_size, adaptive_width_cost) \
             if adaptive_width_cost is not None and self.block_size > 1 else None
-        if width_policy not in ("schedule", "measured"):
-            raise ValueError(f"width_policy must be 'schedule' or 'measured', got {width_policy!r}")
+        if width_policy not in WIDTH_POLICIES:
+            raise ValueError(f"width_policy must be one of {', '.join(WIDTH_POLICIES)}, got {width_policy!r}")
         # "measured": one decision from measured acceptance (per temperature band) and pass costs, down
-        # to plain AR steps; it replaces block_size_schedule and adaptive_width_cost
-        self.measured = MeasuredWidth(self.block_size) if width_policy == "measured" and self.block_size > 1 else None
+        # to plain AR steps; it replaces block_size_schedule and adaptive_width_cost. "auto": the schedule
+        # while every row is greedy, the measured decision once one samples
+        self.measured = None
+        if width_policy != "schedule" and self.block_size > 1:
+            self.measured = MeasuredWidth(self.block_size,
+                                          greedy=self.scheduled_width if width_policy == "auto" else None)
         self.free_slots = list(range(n_slots))
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}
@@ -253,6 +257,10 @@ class Scheduler:
         autoregressive step that keeps the draft context)."""
         if self.measured is not None:
             return self.measured.width(bands if bands is not None else [0] * batch)
+        return self.scheduled_width(batch)
+
+    def scheduled_width(self, batch: int) -> int:
+        """The schedule's width for `batch` rows (block_size_schedule, adaptive_width_cost)."""
         width = self.block_size
         for threshold, block in self.block_size_schedule.items():
             if batch >= threshold:

@@ -26,7 +26,7 @@ class ServiceLimits:
     block_size_schedule: dict[int, int] | None = None  # {batch size: smaller block size} for busy steps
     adaptive_width_cost: float | None = None  # step cost in verified tokens: pick widths from acceptance
     draft_confidence: float = 0.0  # > 0: verify only the drafts the drafter trusts this much (confident_drafts)
-    width_policy: str = "schedule"  # "measured": widths from measured acceptance and pass costs (MeasuredWidth)
+    width_policy: str = "auto"  # decoding/width.py WIDTH_POLICIES: "schedule", "measured" (MeasuredWidth), "auto"
 
 
 def torch_runners(pair: LoadedPair, limits: ServiceLimits):

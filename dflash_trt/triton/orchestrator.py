@@ -235,7 +235,7 @@ class Orchestrator:
                                     int(params.get("max_seq_len", runtime["max_seq_len"])), block_size,
                                     schedule if block_size > 1 else None, runtime.get("adaptive_width_cost"),
                                     draft_confidence=float(runtime.get("draft_confidence", 0.0)),
-                                    width_policy=params.get("width_policy") or runtime.get("width_policy", "schedule"))
+                                    width_policy=params.get("width_policy") or runtime.get("width_policy", "auto"))
         self.metrics = Metrics(pb, self.limits.block_size, config["name"])
         self.emitter = Emitter()
         on_step = lambda step: self.emitter.post(lambda: self.metrics.on_step(step))  # noqa: E731

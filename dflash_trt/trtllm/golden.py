@@ -17,10 +17,11 @@ from dflash_trt.runtime.scheduler import Event, Scheduler
 
 def decode(target: TargetRunner, draft: DraftRunner | None, requests: list[Request], n_slots: int, capacity: int,
            device="cpu", detokenize=None, max_steps: int = 100_000,
-           block_size_schedule: dict[int, int] | None = None) -> list[GenerationResult]:
-    """Results in request order; `draft=None` decodes autoregressively (block of 1)."""
+           block_size_schedule: dict[int, int] | None = None, width_policy: str = "schedule") -> list[GenerationResult]:
+    """Results in request order; `draft=None` decodes autoregressively (block of 1). Widths follow the schedule
+    by default: a golden run is deterministic (measured widths depend on this machine's timings)."""
     scheduler = Scheduler(target, draft, n_slots, capacity, detokenize, device=device,
-                          block_size_schedule=block_size_schedule)
+                          block_size_schedule=block_size_schedule, width_policy=width_policy)
     results: dict[int, GenerationResult] = {}
     errors: list[str] = []
 
