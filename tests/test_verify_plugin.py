@@ -106,6 +106,39 @@ def test_twin_gumbel_matches_reference_bits_for_any_seed_and_position():
                        gumbel(seed, position, vocab).view(torch.int32))
 
 
+def test_batched_log_equals_log_f32_on_every_input_the_noise_can_give():
+    """The batched sampling path's log (frexp on the bits, a select for the fold) == log_f32 on all 2**23
+    values u = (k + 0.5) / 2**23 the hash can give and on every -log(u): exhaustive for g's two logs."""
+    u = ((torch.arange(1 << 23, dtype=torch.float64) + 0.5) / 2**23).float()
+    inner = twin.log_f32(u)
+    assert torch.equal(twin.log_normal(u).view(torch.int32), inner.view(torch.int32))
+    assert torch.equal(twin.log_normal(-inner).view(torch.int32), twin.log_f32(-inner).view(torch.int32))
+
+
+def test_batched_gumbel_equals_the_rule_for_any_seed_and_position():
+    g = torch.Generator().manual_seed(11)
+    for _ in range(8):
+        seed = int(torch.randint(-2**63, 2**63 - 1, (1,), generator=g))
+        position = int(torch.randint(0, 2**62, (1,), generator=g))
+        ids = torch.randint(0, 2**31, (50_000,), generator=g)
+        want = gumbel(torch.full_like(ids, seed), torch.full_like(ids, position), ids)
+        assert torch.equal(twin.gumbel_batched(seed, position, ids).view(torch.int32), want.view(torch.int32))
+
+
+def test_batched_sampling_equals_the_streaming_rule_and_the_reference_with_a_subset():
+    """Sampled rows take the batched path; the per-element rule (what CUDA runs) picks the same tokens; a
+    draft-vocabulary subset (ids ascending) equals the reference's vocab_ids rule."""
+    g = torch.Generator().manual_seed(12)
+    for vocab in (1, 7, 300, 1213, 4096):
+        logits, positions, temperature, top_k, top_p, seed = random_rows(g, 128, vocab)
+        batched = twin.sample_tokens(logits, positions, temperature, top_k, top_p, seed)
+        assert torch.equal(batched, twin.sample_tokens(logits, positions, temperature, top_k, top_p, seed,
+                                                       streaming=True))
+        ids = torch.randperm(5 * vocab, generator=g)[:vocab]
+        want = sample_tokens(logits, positions, temperature, top_k, top_p, seed, ids)
+        assert torch.equal(dispatch.sample_tokens(logits, positions, temperature, top_k, top_p, seed, ids), want)
+
+
 def test_exp_neg_is_exact_at_zero_and_within_two_ulp():
     x = -torch.rand(200_000, generator=torch.Generator().manual_seed(2)) * 87
     rel = (twin.exp_neg(x).double() / x.double().exp() - 1).abs().max()

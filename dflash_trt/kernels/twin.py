@@ -39,10 +39,13 @@ _i32, _i64 = ctypes.c_int32, ctypes.c_int64
 _VERIFY = (_i32, [_p, _i32, _i32, _i32, _i32, _p, _i32, _p, _p, _p, _p, _p, _i64, _p, _p, _p, ctypes.c_char_p, _i32])
 _SIGNATURES = {
     "dfv_twin_verify": _VERIFY,
-    "dfv_twin_sample_rows": (None, [_p, _i32, _i64, _i32, _p, _p, _p, _p, _p, _p]),
+    "dfv_twin_sample_rows": (None, [_p, _i32, _i64, _i32, _p, _p, _p, _p, _p, _p, _p]),
+    "dfv_twin_sample_rows_streaming": (None, [_p, _i32, _i64, _i32, _p, _p, _p, _p, _p, _p]),
+    "dfv_twin_gumbel_batched": (None, [ctypes.c_uint64, _i64, _p, _i32, _p]),
     "dfv_twin_keep_mask": (None, [_p, _i64, _i32, _p, _p, _p, _p]),
     "dfv_twin_gumbel": (None, [_p, _p, _p, _i64, _p]),
     "dfv_twin_log_f32": (None, [_p, _i64, _p]),
+    "dfv_twin_log_normal": (None, [_p, _i64, _p]),
     "dfv_twin_exp_neg": (None, [_p, _i64, _p]),
 }
 
@@ -115,15 +118,36 @@ def verify_block(logits, drafts, start, temperature, top_k, top_p, seed):
     return tokens, accepted
 
 
-def sample_tokens(logits, positions, temperature, top_k, top_p, seed) -> torch.Tensor:
-    """Twin of `dflash_trt.decoding.sampling.sample_tokens`: logits [N, V] -> tokens [N] int64."""
+def sample_tokens(logits, positions, temperature, top_k, top_p, seed, ids=None, streaming: bool = False) -> torch.Tensor:
+    """Twin of `dflash_trt.decoding.sampling.sample_tokens`: logits [N, V] -> tokens [N] int64 (columns).
+
+    `ids` [V] (ascending): the token id of each column, whose noise it gets (a draft vocabulary in id order).
+    Sampled rows take the batched path (each row's noise in one vectorized loop); `streaming` runs the
+    per-element rule the CUDA kernels run instead (tests compare the two; no `ids` there)."""
     assert logits.dim() == 2 and logits.dtype in DTYPES
     n, vocab = logits.shape
     logits = _prep(logits, logits.dtype)
     args = [_prep(positions, torch.int64), _prep(temperature, torch.float32), _prep(top_k, torch.int64),
             _prep(top_p, torch.float32), _prep(seed, torch.int64)]
     out = torch.empty(n, dtype=torch.int64)
-    library().dfv_twin_sample_rows(_ptr(logits), DTYPES[logits.dtype], n, vocab, *(_ptr(a) for a in args), _ptr(out))
+    if streaming:
+        assert ids is None, "the streaming rule scores columns 0..V-1"
+        library().dfv_twin_sample_rows_streaming(_ptr(logits), DTYPES[logits.dtype], n, vocab,
+                                                 *(_ptr(a) for a in args), _ptr(out))
+        return out
+    if ids is not None:
+        ids = _prep(ids, torch.int64)
+        assert ids.shape == (vocab,)
+    library().dfv_twin_sample_rows(_ptr(logits), DTYPES[logits.dtype], n, vocab, *(_ptr(a) for a in args),
+                                   _ptr(ids), _ptr(out))
+    return out
+
+
+def gumbel_batched(seed: int, position: int, ids: torch.Tensor) -> torch.Tensor:
+    """g(seed, position, ids) by the batched path sampled rows take -> fp32 [N]."""
+    ids = _prep(ids, torch.int64)
+    out = torch.empty(ids.numel(), dtype=torch.float32)
+    library().dfv_twin_gumbel_batched(seed & (2**64 - 1), position, _ptr(ids), ids.numel(), _ptr(out))
     return out
 
 
@@ -146,6 +170,11 @@ def _elementwise(name: str, x: torch.Tensor) -> torch.Tensor:
 
 def log_f32(x: torch.Tensor) -> torch.Tensor:
     return _elementwise("dfv_twin_log_f32", x)
+
+
+def log_normal(x: torch.Tensor) -> torch.Tensor:
+    """The batched sampling path's log of positive normal floats (frexp on the bits, no branch)."""
+    return _elementwise("dfv_twin_log_normal", x)
 
 
 def exp_neg(x: torch.Tensor) -> torch.Tensor:

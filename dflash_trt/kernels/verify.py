@@ -199,10 +199,7 @@ def sample_tokens(logits, positions, temperature, top_k, top_p, seed, vocab_ids=
 
     if vocab_ids is None:
         return twin.sample_tokens(logits, positions, temperature, top_k, top_p, seed)
-    # a subset: its rows scattered into full-width rows, -inf (never chosen) elsewhere, tokens back to columns
-    full = torch.full((logits.shape[0], int(vocab_ids.max()) + 1), float("-inf"), dtype=torch.float32)
-    full[:, vocab_ids] = sampling.canonical_logits(logits)
-    tokens = twin.sample_tokens(full, positions, temperature, top_k, top_p, seed)
-    column = torch.zeros(full.shape[1], dtype=torch.int64)
-    column[vocab_ids] = torch.arange(vocab_ids.numel())
-    return column[tokens]
+    # a subset: its columns in ascending token id (each gets its id's noise, ties go to the lowest id), as
+    # sampling.by_id orders them; tokens back to the caller's columns
+    return sampling.by_id(lambda lg, ids: twin.sample_tokens(lg, positions, temperature, top_k, top_p, seed, ids),
+                          logits, vocab_ids)
