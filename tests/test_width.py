@@ -192,3 +192,16 @@ def test_auto_policy_keeps_the_schedule_for_greedy_batches_and_measures_sampled_
         else:
             widths = [w for _, w in seen]
             assert widths[-20:].count(1) >= 15, widths
+
+
+def test_a_backlog_step_is_not_timed_and_its_width_runs_again():
+    """A draft step after AR steps also stores their context (a once-per-switch cost): update(seconds=None)
+    leaves the arm's timing alone and the next step runs the same width, which is timed."""
+    mw = MeasuredWidth(8, explore_every=0)
+    for w in (8, 4, 2, 1):
+        mw.update([2], [0], w, 0.004 if w == 1 else 0.006)
+    assert mw.width([2]) == 1
+    mw.update([2], [0], 4, None)
+    assert mw.seconds[1, 4] == 0.006 and mw.width([2]) == 4  # the probe
+    mw.update([2], [0], 4, 0.005)
+    assert mw.seconds[1, 4] in (0.005, 0.006) and mw.width([2]) == 1  # back to the best

@@ -119,7 +119,7 @@ def speculative_generate(
         step_width = min(step_width, max(rows[i].remaining for i in active_ids))  # no row commits more
         # an AR step (width 1) keeps the committed context pending: the next draft pass stores it all at once
         keep_pending = step_width == 1 and bool(pending) and torch.equal(pending[-1][0], active)
-        context = None
+        context, backlog = None, len(pending) > 1  # backlog: this draft pass also stores AR steps' context
         if not keep_pending:
             context, pending = draft.take_context(merge_context(pending), draft_cache, active), []
         block_start = start[active]  # [n] position of each bonus token
@@ -171,8 +171,8 @@ def speculative_generate(
         # 4) accept the longest matching prefix plus the target's token after it (the new bonus)
         committed = accepted + 1  # [n]
         accepted_list = _commit_step(rows, active, chosen, accepted, drafts, on_commit, bonus)
-        if isinstance(width, MeasuredWidth):
-            width.update(bands, accepted_list, step_width, time.perf_counter() - t_draft)
+        if isinstance(width, MeasuredWidth):  # a backlog step is not this width's steady cost (update)
+            width.update(bands, accepted_list, step_width, None if backlog else time.perf_counter() - t_draft)
         elif width is not None and drafts.shape[1]:
             width.update(accepted_list, drafts.shape[1])
 

@@ -107,6 +107,7 @@ class MeasuredWidth:
         # acceptance is high and steady, and the measured choice between near-equal wide arms is noisy); a
         # batch with any sampled row takes the measured choice
         self.greedy = greedy
+        self.probe: tuple | None = None  # (batch composition, width): run once more, its last step was not timed
         self.steps = 0
 
     def _ema(self, table: dict, key, value: float) -> None:
@@ -136,6 +137,10 @@ class MeasuredWidth:
             return self.max_width
         if self.greedy is not None and not any(bands):
             return self.greedy(len(bands))
+        if self.probe is not None:
+            probe, self.probe = self.probe, None
+            if probe[0] == tuple(sorted(bands)):
+                return probe[1]
         unmeasured = [w for w in self.arms if self.value(bands, w) is None]
         if unmeasured:
             return unmeasured[-1]
@@ -166,10 +171,15 @@ class MeasuredWidth:
                 found, most = i, overdue
         return found
 
-    def update(self, bands: list[int], accepted: list[int], width: int, seconds: float) -> None:
-        """Fold one step in: each row's band and accepted drafts, the width it ran at, its seconds."""
+    def update(self, bands: list[int], accepted: list[int], width: int, seconds: float | None) -> None:
+        """Fold one step in: each row's band and accepted drafts, the width it ran at, its seconds — None
+        for a draft step that also stored the context of AR steps before it (a backlog a step of this
+        width pays once on switching, not every step): not timed, and the same width runs once more."""
         width = min(self.arms, key=lambda w: abs(w - width))  # a width outside the arms counts as the nearest
-        self._time((len(bands), width), seconds)
+        if seconds is not None:
+            self._time((len(bands), width), seconds)
+        elif width > 1:
+            self.probe = (tuple(sorted(bands)), width)
         for band in set(bands):
             mine = [a + 1 for b, a in zip(bands, accepted) if b == band]
             self._ema(self.tokens, (band, width), sum(mine) / len(mine))

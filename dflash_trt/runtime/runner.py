@@ -109,6 +109,7 @@ class TorchDraftRunner:
         self.device = target.lm_head.weight.device
         self.mask_token_id = draft.config.mask_token_id
         self.pending: list[tuple] = []  # (slots, taps, positions, valid) of the same slots not yet in the cache
+        self.backlog = False  # the last propose stored AR steps' context too
 
     @torch.inference_mode()
     def append_context(self, slots, taps, positions, valid) -> None:
@@ -127,6 +128,7 @@ class TorchDraftRunner:
         per step; K' < K when the drafter is not confident past K', see `min_confidence`). `sampling`
         (T, top_k, top_p, seed [B]): rows with T > 0 get coupled drafts (model/draft_heads.py)."""
         width = min(block_size or self.block_size, self.block_size)
+        self.backlog = len(self.pending) > 1  # this pass also stores the context of AR steps (see MeasuredWidth)
         context, self.pending = self.draft.take_context(merge_context(self.pending), self.cache, slots), []
         block = torch.full((slots.numel(), width), self.mask_token_id, dtype=torch.int64, device=self.device)
         block[:, 0] = bonus

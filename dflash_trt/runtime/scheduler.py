@@ -307,8 +307,9 @@ class Scheduler:
         t2 = time.perf_counter()
         if self.adaptive is not None and drafts.shape[1]:
             self.adaptive.update(accepted.tolist(), drafts.shape[1])
-        if self.measured is not None:
-            self.measured.update(bands, accepted.tolist(), width, t2 - t0)
+        if self.measured is not None:  # a draft pass that also stored AR steps' context: not timed (update)
+            backlog = width > 1 and getattr(self.draft, "backlog", False)
+            self.measured.update(bands, accepted.tolist(), width, None if backlog else t2 - t0)
         committed = accepted + 1
         new_start = start + committed
         self.target.commit(slots, new_start)
