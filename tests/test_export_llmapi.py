@@ -166,7 +166,7 @@ def test_draft_len_schedule_is_upstreams_upper_bound_reading_of_our_schedule(blo
     runtime = SimpleNamespace(block_size=block, block_size_schedule=dict(sorted(ours.items())), adaptive=None,
                               measured=None)
     for batch in range(1, max_batch + 1):  # our scheduler's verify width, batch by batch
-        assert upstream_draft_len(schedule, batch) == Scheduler.verify_width(runtime, batch) - 1, batch
+        assert upstream_draft_len(schedule, batch) == Scheduler.scheduled_width(runtime, batch) - 1, batch
 
 
 def test_draft_len_schedule_refuses_a_narrower_first_block():
