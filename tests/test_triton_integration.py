@@ -64,16 +64,20 @@ def test_served_equals_autoregressive_over_every_transport(served, front, params
 def test_served_equals_local_runtime(served):
     from dflash_trt.runtime.local import generate
 
+    """Tokens always; acceptance too for a greedy request (the preset's auto width policy keeps greedy steps
+    on the schedule, i.e. full blocks at batch 1; a sampled one's widths are measured on the server)."""
     server, pair, _ = served
-    inputs = request_inputs(PROMPTS[2], max_tokens=48, temperature=0.7, seed=11)
-    request = parse_request(lambda n: None if n not in inputs else np.array([inputs[n]], dtype=object if n == "text_input" else None),
-                            pair.tokenizer, 512, pair.target.config.vocab_size,
-                            frozenset({pair.tokenizer.eos_token_id})).request
     runtime = load_build_config(ROOT / "build_configs" / "tiny-cpu.yaml").runtime  # the server's settings
-    local, _ = generate(pair, [request], block_size=16, min_confidence=runtime.draft_confidence)
-    served_result = grpc_generate(server.grpc_url, inputs)
-    assert served_result.token_ids == local[0].tokens
-    assert served_result.acceptance_lengths == local[0].acceptance_lengths
+    for params in (dict(), dict(temperature=0.7, seed=11)):
+        inputs = request_inputs(PROMPTS[2], max_tokens=48, **params)
+        request = parse_request(lambda n: None if n not in inputs else np.array([inputs[n]], dtype=object if n == "text_input" else None),
+                                pair.tokenizer, 512, pair.target.config.vocab_size,
+                                frozenset({pair.tokenizer.eos_token_id})).request
+        local, _ = generate(pair, [request], block_size=16, min_confidence=runtime.draft_confidence)
+        served_result = grpc_generate(server.grpc_url, inputs)
+        assert served_result.token_ids == local[0].tokens
+        if not params:
+            assert served_result.acceptance_lengths == local[0].acceptance_lengths
 
 
 def test_sixteen_concurrent_streams_with_different_params(served):
