@@ -205,3 +205,23 @@ def test_a_backlog_step_is_not_timed_and_its_width_runs_again():
     assert mw.seconds[1, 4] == 0.006 and mw.width([2]) == 4  # the probe
     mw.update([2], [0], 4, 0.005)
     assert mw.seconds[1, 4] in (0.005, 0.006) and mw.width([2]) == 1  # back to the best
+
+
+def test_a_draft_step_with_rejections_then_ar_steps_leaves_the_right_context():
+    """Widths 8, 1, 1, then 8: the first step's rejected drafts sit between its committed rows and the AR steps'
+    in the pending context; the next draft pass must store only committed rows — its drafts equal those of a
+    prompt that already held the committed tokens."""
+    from dflash_trt.engine.config import ASSETS
+    from dflash_trt.runtime.local import load_pair
+
+    pair = load_pair(ASSETS / "tiny-qwen3", ASSETS / "tiny-qwen3-dflash", dtype="fp32", device="cpu")
+    prompts = [tuple(pair.tokenizer.encode(t)) for t in ("def fibonacci(n):\n", "class Stack:\n")]
+    for prompt in prompts:
+        (a,) = speculative_generate(pair.target, pair.draft, [Request(prompt, stop=StopCriteria(48))], 8,
+                                    width=_Scripted([8, 1, 1, 8]))
+        assert a.accepted_drafts[0] < 7  # some drafts of the first block were rejected
+        k = 1 + a.accepted_drafts[0] + 1 + 2  # tokens committed before the fourth step (prefill's bonus first)
+        (b,) = speculative_generate(pair.target, pair.draft, [Request(prompt + tuple(a.tokens[: k - 1]),
+                                                                      stop=StopCriteria(48 - k + 1))], 8)
+        assert a.tokens[k - 1:] == b.tokens
+        assert a.accepted_drafts[3:] == b.accepted_drafts

@@ -37,13 +37,23 @@ def banned_rows(rows: list[Row], blocks: torch.Tensor) -> list:
 
 def merge_context(parts: list[tuple]) -> tuple | None:
     """Deferred contexts (slots, target_hidden [B, T, n*H], positions [B, T], valid [B, T]) of the same slots,
-    oldest first, as one in position order (None for none): a draft pass stores them all in one projection
-    per layer. Kept as a list while AR steps add to it and joined once here (one cat, not one per step)."""
+    oldest first, as one (None for none): a draft pass stores them all in one projection per layer. Kept as
+    a list while AR steps add to it and joined once here (one cat, not one per step).
+
+    Each part's valid entries are a prefix of its row (a prompt's right padding, a step's rejected drafts);
+    joined, they are not (a step's rejected drafts sit between its committed rows and the next step's), so
+    each row's valid entries are moved to the front in position order: the one-sequence draft paths read a
+    row's context as its valid prefix."""
     if not parts:
         return None
     if len(parts) == 1:
         return parts[0]
-    return (parts[-1][0], *(torch.cat(fields, dim=1) for fields in zip(*(part[1:] for part in parts))))
+    hidden, positions, valid = (torch.cat(fields, dim=1) for fields in zip(*(part[1:] for part in parts)))
+    counts = valid.sum(dim=1)
+    order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices[:, : int(counts.max())]
+    hidden = hidden.gather(1, order[..., None].expand(-1, -1, hidden.shape[-1]))
+    kept = torch.arange(order.shape[1], device=valid.device)[None, :] < counts[:, None]
+    return parts[-1][0], hidden, positions.gather(1, order), kept
 
 
 def _commit_step(rows: list[Row], active: torch.Tensor, chosen: torch.Tensor, accepted: torch.Tensor,
@@ -98,15 +108,17 @@ def speculative_generate(
     # 1) prefill the target; its taps over the prompt become the draft's first context
     t0 = time.perf_counter()
     bonus, target_hidden, positions, start = prefill(target, target_cache, slots, requests, params, taps)
-    draft.append_context(target_hidden, positions, draft_cache, slots, valid=positions < start[:, None])
+    # the prompt's context waits too: the first draft pass stores it (a request that only ever takes AR steps,
+    # hot sampling under measured widths, never pays the drafter for its prompt)
+    pending: list[tuple] = [(slots, target_hidden, positions, positions < start[:, None])]
     draft_cache.crop(slots, start)
     for row, token in zip(rows, bonus.tolist()):
         row.commit([token], on_commit)
     timings.prefill_s += time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    pending: list[tuple] = []  # committed contexts since the last draft pass: stored by the next one (take_context)
-    active_ids = None
+    # `pending`: committed contexts since the last draft pass, stored by the next one (take_context)
+    active_ids, drafted_last = None, False
     while not all(row.done for row in rows):
         if (ids := [r.index for r in rows if not r.done]) != active_ids:  # a row finished (or the first step)
             active_ids, active = ids, torch.tensor(ids, device=device)
@@ -119,7 +131,8 @@ def speculative_generate(
         step_width = min(step_width, max(rows[i].remaining for i in active_ids))  # no row commits more
         # an AR step (width 1) keeps the committed context pending: the next draft pass stores it all at once
         keep_pending = step_width == 1 and bool(pending) and torch.equal(pending[-1][0], active)
-        context, backlog = None, len(pending) > 1  # backlog: this draft pass also stores AR steps' context
+        # backlog: this draft pass also stores the context of AR steps (or of the prompt), not just the last step's
+        context, backlog = None, not (drafted_last and len(pending) == 1)
         if not keep_pending:
             context, pending = draft.take_context(merge_context(pending), draft_cache, active), []
         block_start = start[active]  # [n] position of each bonus token
@@ -140,6 +153,7 @@ def speculative_generate(
             pending.append((active, verify_hidden, block_positions, torch.ones_like(block, dtype=torch.bool)))
             start[active] = block_start + 1
             timings.steps += 1
+            drafted_last = False
             continue
         offsets = torch.arange(step_width, device=device)[None, :]  # [1, W]
         block_positions = block_start[:, None] + offsets  # [n, W]
@@ -184,5 +198,6 @@ def speculative_generate(
         draft_cache.crop(active, block_start + committed)
         start[active] = block_start + committed
         timings.steps += 1
+        drafted_last = True
     timings.decode_s += time.perf_counter() - t0
     return [row.result() for row in rows]
