@@ -119,7 +119,7 @@ def test_measured_width_is_lossless_in_the_reference_loop_with_ar_steps(loaded_t
     width = MeasuredWidth(8, explore_every=3)
     got = speculative_generate(loaded_tiny_pair.target, loaded_tiny_pair.draft, requests, 8, width=width)
     assert [g.tokens for g in got] == expected
-    assert any(w == 1 for (_, w) in width.seconds) and any(w > 1 for (_, w) in width.seconds)
+    assert any(w == 1 for (_, w, _) in width.seconds) and any(w > 1 for (_, w, _) in width.seconds)
 
 
 class _Scripted(MeasuredWidth):
@@ -202,9 +202,9 @@ def test_a_backlog_step_is_not_timed_and_its_width_runs_again():
         mw.update([2], [0], w, 0.004 if w == 1 else 0.006)
     assert mw.width([2]) == 1
     mw.update([2], [0], 4, None)
-    assert mw.seconds[1, 4] == 0.006 and mw.width([2]) == 4  # the probe
+    assert mw.seconds[1, 4, True] == 0.006 and mw.width([2]) == 4  # the probe
     mw.update([2], [0], 4, 0.005)
-    assert mw.seconds[1, 4] in (0.005, 0.006) and mw.width([2]) == 1  # back to the best
+    assert mw.seconds[1, 4, True] in (0.005, 0.006) and mw.width([2]) == 1  # back to the best
 
 
 def test_a_draft_step_with_rejections_then_ar_steps_leaves_the_right_context():
@@ -225,3 +225,15 @@ def test_a_draft_step_with_rejections_then_ar_steps_leaves_the_right_context():
                                                                       stop=StopCriteria(48 - k + 1))], 8)
         assert a.tokens[k - 1:] == b.tokens
         assert a.accepted_drafts[3:] == b.accepted_drafts
+
+
+def test_sampled_steps_are_timed_apart_from_greedy_ones():
+    """A sampled step's draft and verify passes cost more than a greedy step's: greedy timings of a width
+    (e.g. from an earlier all-greedy phase under the auto policy) never stand in for sampled ones."""
+    mw = MeasuredWidth(4, explore_every=0)
+    for w in (4, 2, 1):
+        mw.update([0, 0], [w - 1] * 2, w, 0.001)  # two greedy rows: cheap and accepted
+        mw.update([2], [0], w, 0.004)  # one sampled row: every band's acceptance is known at every width
+    assert mw.value([0, 0], 4) is not None
+    assert mw.value([0, 2], 4) is None  # two rows, one sampling: not timed yet (the greedy 1 ms does not count)
+    assert mw.width([0, 2]) == 4  # so it runs first

@@ -73,7 +73,8 @@ class MeasuredWidth:
     a step (the confidence cut, the draft vocabulary, sampling costs) is in the numbers:
 
         tokens[band, w]   committed tokens per row per step (EMA), per temperature band
-        seconds[B, w]     seconds of a step of B rows (draft + verify pass): the median of its last
+        seconds[B, w, s]  seconds of a step of B rows (draft + verify pass; s: some row samples, whose draft
+                          and verify passes cost more than greedy ones): the median of its last
                           `window` steps (a shared machine's stalls are outliers, not the cost)
 
     For a batch whose rows are in bands b_r it picks  w* = argmax_w  sum_r tokens[b_r, w] / seconds[B, w],
@@ -96,8 +97,8 @@ class MeasuredWidth:
         self.max_width, self.decay, self.explore_every = max_width, decay, explore_every
         self.arms = sorted({1, max_width, *(1 << i for i in range(1, max_width.bit_length()) if 1 << i < max_width)})
         self.tokens: dict[tuple[int, int], float] = {}
-        self.seconds: dict[tuple[int, int], float] = {}
-        self.recent: dict[tuple[int, int], list[float]] = {}  # the last `window` step seconds per (rows, width)
+        self.seconds: dict[tuple[int, int, bool], float] = {}
+        self.recent: dict[tuple[int, int, bool], list[float]] = {}  # the last `window` step seconds per cost key
         self.counts: dict[tuple, int] = {}
         self.held: dict[tuple, int] = {}  # batch composition -> index of the arm in use
         self.last_run: dict[tuple, int] = {}  # (batch composition, width) -> step it last ran
@@ -117,7 +118,12 @@ class MeasuredWidth:
         weight = max(1.0 / n, 1.0 - self.decay)
         table[key] = (1 - weight) * old + weight * value
 
-    def _time(self, key: tuple[int, int], seconds: float) -> None:
+    @staticmethod
+    def cost_key(bands: list[int], width: int) -> tuple[int, int, bool]:
+        """What a step's seconds are measured by: rows, width, and whether some row samples."""
+        return len(bands), width, any(bands)
+
+    def _time(self, key: tuple[int, int, bool], seconds: float) -> None:
         recent = self.recent.setdefault(key, [])
         recent.append(seconds)
         del recent[: -self.window]
@@ -126,7 +132,7 @@ class MeasuredWidth:
 
     def value(self, bands: list[int], width: int) -> float | None:
         """Expected committed tokens per second of a step at `width`, or None if not measured yet."""
-        seconds = self.seconds.get((len(bands), width))
+        seconds = self.seconds.get(self.cost_key(bands, width))
         tokens = [self.tokens.get((b, width)) for b in bands]
         if seconds is None or None in tokens:
             return None
@@ -177,7 +183,7 @@ class MeasuredWidth:
         width pays once on switching, not every step): not timed, and the same width runs once more."""
         width = min(self.arms, key=lambda w: abs(w - width))  # a width outside the arms counts as the nearest
         if seconds is not None:
-            self._time((len(bands), width), seconds)
+            self._time(self.cost_key(bands, width), seconds)
         elif width > 1:
             self.probe = (tuple(sorted(bands)), width)
         for band in set(bands):
