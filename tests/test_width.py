@@ -237,3 +237,30 @@ def test_sampled_steps_are_timed_apart_from_greedy_ones():
     assert mw.value([0, 0], 4) is not None
     assert mw.value([0, 2], 4) is None  # two rows, one sampling: not timed yet (the greedy 1 ms does not count)
     assert mw.width([0, 2]) == 4  # so it runs first
+
+
+def test_the_scheduler_after_ar_steps_drafts_from_the_right_context():
+    """The served path's deferred context (TorchDraftRunner.pending) after a draft step with rejections and AR
+    steps: widths 8, 1, 1, then 8 give the drafts of a prompt that already held the committed tokens."""
+    from dflash_trt.engine.config import ASSETS
+    from dflash_trt.runtime.local import load_pair
+
+    pair = load_pair(ASSETS / "tiny-qwen3", ASSETS / "tiny-qwen3-dflash", dtype="fp32", device="cpu")
+    prompt = tuple(pair.tokenizer.encode("def fibonacci(n):\n"))
+
+    def served(request, widths=None):
+        svc = DFlashService(pair, ServiceLimits(max_batch_size=1, max_seq_len=256, block_size=8,
+                                                width_policy="schedule"))
+        if widths is not None:
+            script = list(widths)
+            svc.scheduler.verify_width = lambda batch, bands=None: script.pop(0) if len(script) > 1 else script[0]
+        try:
+            return svc.generate([request])[0]
+        finally:
+            svc.shutdown()
+
+    a = served(Request(prompt, stop=StopCriteria(48)), [8, 1, 1, 8])
+    assert a.accepted_drafts[0] < 7 and a.accepted_drafts[1:3] == [0, 0]
+    k = 1 + a.accepted_drafts[0] + 1 + 2
+    b = served(Request(prompt + tuple(a.tokens[: k - 1]), stop=StopCriteria(48 - k + 1)))
+    assert a.tokens[k - 1:] == b.tokens and a.accepted_drafts[3:] == b.accepted_drafts
