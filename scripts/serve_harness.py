@@ -78,24 +78,23 @@ class Served:
         pids = model_processes(server).get(model, []) if server is not None else []
         return pids[0] if pids else None
 
-    def rss_by_process(self) -> dict[str, int]:
-        """RSS bytes of `dflash-trt serve` itself (its HTTP front), the server and each model process."""
-        out = {"serve (front)": _rss(self.process.pid)}
+    def pids(self) -> dict[str, int]:
+        """`dflash-trt serve` itself (its HTTP front), the server and each model process, by name."""
+        out = {"serve (front)": self.process.pid}
         server = self.server_pid()
         if server is not None:
-            out["tritonserver"] = _rss(server)
-            out |= {f"model {model}": _rss(pids[0]) for model, pids in model_processes(server).items()}
+            out["tritonserver"] = server
+            out |= {f"model {model}": found[0] for model, found in model_processes(server).items()}
         return out
+
+    def rss_by_process(self) -> dict[str, int]:
+        """RSS bytes of each of `pids()`."""
+        return {name: _rss(pid) for name, pid in self.pids().items()}
 
     def rss_parts_by_process(self) -> dict[str, dict[str, int]]:
         """Each process's RSS split into anonymous, file-backed and shared-memory pages: the Python backend's
         shared-memory pool counts in both the server's and the stub's RSS as its pages get touched."""
-        pids = {"serve (front)": self.process.pid}
-        server = self.server_pid()
-        if server is not None:
-            pids["tritonserver"] = server
-            pids |= {f"model {model}": found[0] for model, found in model_processes(server).items()}
-        return {name: {part: _rss(pid, part) for part in RSS_PARTS} for name, pid in pids.items()}
+        return {name: {part: _rss(pid, part) for part in RSS_PARTS} for name, pid in self.pids().items()}
 
     def rss_bytes(self) -> int:
         """The server and its model processes (what serving costs; the front is reported on its own)."""

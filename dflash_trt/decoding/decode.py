@@ -118,7 +118,7 @@ def speculative_generate(
 
     t0 = time.perf_counter()
     # `pending`: committed contexts since the last draft pass, stored by the next one (take_context)
-    active_ids, drafted_last = None, False
+    active_ids = None
     while not all(row.done for row in rows):
         if (ids := [r.index for r in rows if not r.done]) != active_ids:  # a row finished (or the first step)
             active_ids, active = ids, torch.tensor(ids, device=device)
@@ -131,8 +131,8 @@ def speculative_generate(
         step_width = min(step_width, max(rows[i].remaining for i in active_ids))  # no row commits more
         # an AR step (width 1) keeps the committed context pending: the next draft pass stores it all at once
         keep_pending = step_width == 1 and bool(pending) and torch.equal(pending[-1][0], active)
-        # backlog: this draft pass also stores the context of AR steps (or of the prompt), not just the last step's
-        context, backlog = None, not (drafted_last and len(pending) == 1)
+        # backlog: this draft pass also stores AR steps' context, not just the last step's (as TorchDraftRunner)
+        context, backlog = None, len(pending) > 1
         if not keep_pending:
             context, pending = draft.take_context(merge_context(pending), draft_cache, active), []
         block_start = start[active]  # [n] position of each bonus token
@@ -153,7 +153,6 @@ def speculative_generate(
             pending.append((active, verify_hidden, block_positions, torch.ones_like(block, dtype=torch.bool)))
             start[active] = block_start + 1
             timings.steps += 1
-            drafted_last = False
             continue
         offsets = torch.arange(step_width, device=device)[None, :]  # [1, W]
         block_positions = block_start[:, None] + offsets  # [n, W]
@@ -198,6 +197,5 @@ def speculative_generate(
         draft_cache.crop(active, block_start + committed)
         start[active] = block_start + committed
         timings.steps += 1
-        drafted_last = True
     timings.decode_s += time.perf_counter() - t0
     return [row.result() for row in rows]

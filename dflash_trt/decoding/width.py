@@ -147,10 +147,10 @@ class MeasuredWidth:
             probe, self.probe = self.probe, None
             if probe[0] == tuple(sorted(bands)):
                 return probe[1]
-        unmeasured = [w for w in self.arms if self.value(bands, w) is None]
+        values = [self.value(bands, w) for w in self.arms]
+        unmeasured = [w for w, v in zip(self.arms, values) if v is None]
         if unmeasured:
             return unmeasured[-1]
-        values = [self.value(bands, w) for w in self.arms]
         best = max(range(len(self.arms)), key=values.__getitem__)
         key = tuple(sorted(bands))
         held = self.held.get(key)  # hysteresis: keep the arm in use unless beaten by `margin`

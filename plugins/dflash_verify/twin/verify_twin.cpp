@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <cstdio>
+#include <vector>
 
 #include "dflash_verify/row_select.h"
 #include "dflash_verify/sampling_rule.h"
@@ -84,58 +85,23 @@ struct HostBlock {
 // of 4 hashes, 2 logs and 3 divisions). Bit-identical: the same IEEE-rounded ops in the same order for
 // every element (vector lanes round like scalars; -ffp-contract=off), the per-row part of the hash done
 // once, frexp of the positive normal floats the logs see done on the bits, candidates visited in column
-// order with dfv::better. tests/test_verify_twin.py checks it against the torch reference and dfv::gumbel.
+// order with dfv::better. tests/test_verify_plugin.py checks it against the torch reference and dfv::gumbel.
 // ---------------------------------------------------------------------------------------------
 
-// frexp for positive normal x (every input of the two logs in g: u in [2**-24, 1 - 2**-24] and -log u).
-inline float frexp_normal(float x, int* e) {
-  const uint32_t bits = dfv::float_bits(x);
-  *e = static_cast<int>((bits >> 23) & 0xffu) - 126;
-  return dfv::bits_float((bits & 0x807fffffu) | 0x3f000000u);
-}
-
-// dfv::log_f32 for positive normal x, branch-free (a select for the m < sqrt(1/2) fold).
+// dfv::log_f32 for positive normal x (every input of the two logs in g: u in [2**-24, 1 - 2**-24] and
+// -log u), frexp done on the bits so the loop below vectorizes.
 inline float log_normal(float x) {
-  int e = 0;
-  float m = frexp_normal(x, &e);
-  const int fold = m < 0.70710678118654752f;  // arithmetic, not a branch: m * 1 is m exactly
-  m = dfv::mul(m, static_cast<float>(1 + fold));
-  e -= fold;
-  const float s = dfv::div(dfv::sub(m, 1.0f), dfv::add(m, 1.0f));
-  const float s2 = dfv::mul(s, s);
-  float series = static_cast<float>(1.0 / 13.0);
-  series = dfv::add(dfv::mul(series, s2), static_cast<float>(1.0 / 11.0));
-  series = dfv::add(dfv::mul(series, s2), static_cast<float>(1.0 / 9.0));
-  series = dfv::add(dfv::mul(series, s2), static_cast<float>(1.0 / 7.0));
-  series = dfv::add(dfv::mul(series, s2), static_cast<float>(1.0 / 5.0));
-  series = dfv::add(dfv::mul(series, s2), static_cast<float>(1.0 / 3.0));
-  series = dfv::add(dfv::mul(series, s2), 1.0f);
-  return dfv::add(dfv::mul(static_cast<float>(e), static_cast<float>(0.6931471805599453)),
-                  dfv::mul(dfv::mul(s, 2.0f), series));
+  const uint32_t bits = dfv::float_bits(x);
+  return dfv::log_from_frexp(dfv::bits_float((bits & 0x807fffffu) | 0x3f000000u),
+                             static_cast<int>((bits >> 23) & 0xffu) - 126);
 }
 
-// dfv::uniform with the 23-bit integer converted as signed (the same float: it is < 2**23), which vector
-// units convert directly.
-inline float uniform_vec(uint32_t h) {
-  return dfv::mul(dfv::add(static_cast<float>(static_cast<int32_t>(h >> 9)), 0.5f),
-                  static_cast<float>(1.0 / 8388608.0));
-}
-
-// g(seed, position, ids[i]) for n ids, `prefix` the hash of (seed, position) (dfv::counter_hash's first
-// three rounds); vectorized (O3 for this loop only), cloned for AVX2 where the CPU has it.
+// g(seed, position, ids[i]) for n ids, `prefix` = dfv::hash_prefix(seed, position); vectorized (O3 for
+// this loop only), cloned for AVX2 where the CPU has it.
 __attribute__((target_clones("avx2", "default"), optimize("O3"))) void gumbel_many(uint32_t prefix,
                                                                                    const uint32_t* ids,
                                                                                    int32_t n, float* out) {
-  for (int32_t i = 0; i < n; ++i) {
-    const float u = uniform_vec(dfv::mix32(prefix ^ ids[i]));
-    out[i] = -log_normal(-log_normal(u));
-  }
-}
-
-inline uint32_t hash_prefix(uint64_t seed, int64_t position) {
-  uint32_t h = dfv::mix32(static_cast<uint32_t>(seed) ^ 0x9e3779b9u);
-  h = dfv::mix32(h ^ static_cast<uint32_t>(seed >> 32));
-  return dfv::mix32(h ^ static_cast<uint32_t>(static_cast<uint64_t>(position)));
+  for (int32_t i = 0; i < n; ++i) out[i] = -log_normal(-log_normal(dfv::uniform(dfv::hash_finish(prefix, ids[i]))));
 }
 
 // dfv::sampled_token with the noise of column c at token id ids[c] (ids == nullptr: c itself; ascending
@@ -145,21 +111,16 @@ int32_t sampled_batched(const T* row, int32_t vocab, const dfv::RowParams& rp, c
   HostBlock blk;
   const dfv::Filter f = dfv::row_filter(blk, row, vocab, rp);
   if (!(f.m > dfv::kNegInf)) return 0;
-  static thread_local uint32_t* cand_id = nullptr;  // low 32 bits of the id: all that enters the hash
-  static thread_local int32_t* cand_col = nullptr;
-  static thread_local float* cand_s = nullptr;
-  static thread_local float* cand_g = nullptr;
-  static thread_local int32_t capacity = 0;
-  if (capacity < vocab) {
-    delete[] cand_id;
-    delete[] cand_col;
-    delete[] cand_s;
-    delete[] cand_g;
-    cand_id = new uint32_t[vocab];
-    cand_col = new int32_t[vocab];
-    cand_s = new float[vocab];
-    cand_g = new float[vocab];
-    capacity = vocab;
+  // per thread, grown to the largest vocabulary seen: the candidates' ids (low 32 bits: all the hash
+  // reads), columns, scores and noise
+  static thread_local std::vector<uint32_t> cand_id;
+  static thread_local std::vector<int32_t> cand_col;
+  static thread_local std::vector<float> cand_s, cand_g;
+  if (cand_id.size() < static_cast<size_t>(vocab)) {
+    cand_id.resize(vocab);
+    cand_col.resize(vocab);
+    cand_s.resize(vocab);
+    cand_g.resize(vocab);
   }
   int32_t n = 0;
   for (int32_t v = 0; v < vocab; ++v) {
@@ -172,7 +133,7 @@ int32_t sampled_batched(const T* row, int32_t vocab, const dfv::RowParams& rp, c
     cand_s[n] = s;
     ++n;
   }
-  gumbel_many(hash_prefix(rp.seed, rp.position), cand_id, n, cand_g);
+  gumbel_many(dfv::hash_prefix(rp.seed, rp.position), cand_id.data(), n, cand_g.data());
   dfv::ArgMax best{dfv::kNegInf, dfv::kNoIndex};
   for (int32_t i = 0; i < n; ++i) {
     const dfv::ArgMax c{dfv::add(cand_s[i], cand_g[i]), cand_col[i]};
@@ -181,35 +142,21 @@ int32_t sampled_batched(const T* row, int32_t vocab, const dfv::RowParams& rp, c
   return best.index == dfv::kNoIndex ? 0 : best.index;
 }
 
+// `streaming`: the per-element rule (dfv::choose_token, what every CUDA thread block runs), for tests.
 template <class T>
 int32_t choose(const void* logits, int64_t row, int32_t vocab, const dfv::RowParams& rp,
-               const int64_t* ids = nullptr) {
+               const int64_t* ids = nullptr, bool streaming = false) {
   const T* base = static_cast<const T*>(logits) + row * static_cast<int64_t>(vocab);
-  if (rp.temperature > 0.0f) return sampled_batched(base, vocab, rp, ids);
+  if (rp.temperature > 0.0f && !streaming) return sampled_batched(base, vocab, rp, ids);
   HostBlock blk;
-  return dfv::choose_token(blk, base, vocab, rp);
-}
-
-// The streaming rule itself (dfv::choose_token, what every CUDA thread block runs), for tests.
-template <class T>
-int32_t choose_streaming(const void* logits, int64_t row, int32_t vocab, const dfv::RowParams& rp) {
-  HostBlock blk;
-  const T* base = static_cast<const T*>(logits) + row * static_cast<int64_t>(vocab);
   return dfv::choose_token(blk, base, vocab, rp);
 }
 
 int32_t choose_any(int32_t dtype, const void* logits, int64_t row, int32_t vocab, const dfv::RowParams& rp,
-                   const int64_t* ids = nullptr) {
-  if (dtype == dfv::kFloat16) return choose<Half>(logits, row, vocab, rp, ids);
-  if (dtype == dfv::kBFloat16) return choose<BFloat16>(logits, row, vocab, rp, ids);
-  return choose<float>(logits, row, vocab, rp, ids);
-}
-
-int32_t choose_streaming_any(int32_t dtype, const void* logits, int64_t row, int32_t vocab,
-                             const dfv::RowParams& rp) {
-  if (dtype == dfv::kFloat16) return choose_streaming<Half>(logits, row, vocab, rp);
-  if (dtype == dfv::kBFloat16) return choose_streaming<BFloat16>(logits, row, vocab, rp);
-  return choose_streaming<float>(logits, row, vocab, rp);
+                   const int64_t* ids = nullptr, bool streaming = false) {
+  if (dtype == dfv::kFloat16) return choose<Half>(logits, row, vocab, rp, ids, streaming);
+  if (dtype == dfv::kBFloat16) return choose<BFloat16>(logits, row, vocab, rp, ids, streaming);
+  return choose<float>(logits, row, vocab, rp, ids, streaming);
 }
 
 void write_error(char* err, int32_t len, const char* msg) {
@@ -263,7 +210,7 @@ void dfv_twin_sample_rows_streaming(const void* logits, int32_t dtype, int64_t n
   for (int64_t row = 0; row < n; ++row) {
     const dfv::RowParams rp{temperature[row], top_k[row], top_p[row], static_cast<uint64_t>(seed[row]),
                             positions[row]};
-    out[row] = choose_streaming_any(dtype, logits, row, vocab, rp);
+    out[row] = choose_any(dtype, logits, row, vocab, rp, nullptr, true);
   }
 }
 
@@ -274,10 +221,9 @@ void dfv_twin_log_normal(const float* x, int64_t n, float* out) {
 
 // g over token ids by the batched path (gumbel_many): compared with dfv_twin_gumbel in tests.
 void dfv_twin_gumbel_batched(uint64_t seed, int64_t position, const int64_t* ids, int32_t n, float* out) {
-  uint32_t* low = new uint32_t[n > 0 ? n : 1];
+  std::vector<uint32_t> low(n > 0 ? n : 0);
   for (int32_t i = 0; i < n; ++i) low[i] = static_cast<uint32_t>(static_cast<uint64_t>(ids[i]));
-  gumbel_many(hash_prefix(seed, position), low, n, out);
-  delete[] low;
+  gumbel_many(dfv::hash_prefix(seed, position), low.data(), n, out);
 }
 
 // Twin of spec.sampling.survivors on logits / T (fp32 logits [N, V], T > 0): keep mask [N, V].

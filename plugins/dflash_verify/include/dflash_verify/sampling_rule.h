@@ -152,24 +152,26 @@ DFV_HD uint32_t mix32(uint32_t x) {
 }
 
 // 32-bit hash of (seed: uint64, absolute position, vocab id); only the low 32 bits of
-// position and vocab id enter, like the reference's `& _MASK32`.
-DFV_HD uint32_t counter_hash(uint64_t seed, int64_t position, int64_t vocab) {
+// position and vocab id enter, like the reference's `& _MASK32`. Its first three rounds depend on
+// (seed, position) only: `hash_prefix` once per row, `hash_finish` per vocab id.
+DFV_HD uint32_t hash_prefix(uint64_t seed, int64_t position) {
   uint32_t h = mix32(static_cast<uint32_t>(seed) ^ 0x9e3779b9u);
   h = mix32(h ^ static_cast<uint32_t>(seed >> 32));
-  h = mix32(h ^ static_cast<uint32_t>(static_cast<uint64_t>(position)));
-  return mix32(h ^ static_cast<uint32_t>(static_cast<uint64_t>(vocab)));
+  return mix32(h ^ static_cast<uint32_t>(static_cast<uint64_t>(position)));
 }
 
-// Natural log of a positive normal float from IEEE-rounded ops and frexp only. The constants
-// are the reference's Python doubles rounded to fp32, as torch does for a scalar operand of a
-// float32 tensor op (the comparison included: m < 0.70710677f, not the double sqrt(.5)).
-DFV_HD float log_f32(float x) {
-  int e = 0;
-  float m = frexpf(x, &e);
-  if (m < 0.70710678118654752f) {
-    m = mul(m, 2.0f);
-    e -= 1;
-  }
+DFV_HD uint32_t hash_finish(uint32_t prefix, uint32_t vocab_low) { return mix32(prefix ^ vocab_low); }
+
+DFV_HD uint32_t counter_hash(uint64_t seed, int64_t position, int64_t vocab) {
+  return hash_finish(hash_prefix(seed, position), static_cast<uint32_t>(static_cast<uint64_t>(vocab)));
+}
+
+// log_f32 from x = m * 2**e (frexp's m in [0.5, 1)). The m < sqrt(1/2) fold is arithmetic, not a
+// branch (m * 1 is m exactly), so a host loop over many values vectorizes (the twin's batched noise).
+DFV_HD float log_from_frexp(float m, int e) {
+  const int fold = m < 0.70710678118654752f;
+  m = mul(m, static_cast<float>(1 + fold));
+  e -= fold;
   const float s = div(sub(m, 1.0f), add(m, 1.0f));
   const float s2 = mul(s, s);
   float series = static_cast<float>(1.0 / 13.0);
@@ -182,9 +184,19 @@ DFV_HD float log_f32(float x) {
   return add(mul(static_cast<float>(e), static_cast<float>(0.6931471805599453)), mul(mul(s, 2.0f), series));
 }
 
-// u in (0, 1) from the top 23 bits of the hash; exact in fp32.
+// Natural log of a positive normal float from IEEE-rounded ops and frexp only. The constants
+// are the reference's Python doubles rounded to fp32, as torch does for a scalar operand of a
+// float32 tensor op (the comparison included: m < 0.70710677f, not the double sqrt(.5)).
+DFV_HD float log_f32(float x) {
+  int e = 0;
+  const float m = frexpf(x, &e);
+  return log_from_frexp(m, e);
+}
+
+// u in (0, 1) from the top 23 bits of the hash; exact in fp32 (the 23-bit integer converts the same
+// as signed, which vector units do directly).
 DFV_HD float uniform(uint32_t h) {
-  return mul(add(static_cast<float>(h >> 9), 0.5f), static_cast<float>(1.0 / 8388608.0));
+  return mul(add(static_cast<float>(static_cast<int32_t>(h >> 9)), 0.5f), static_cast<float>(1.0 / 8388608.0));
 }
 
 // g(s, p, v) = -log(-log(u)), in [-2.82, 16.64].
