@@ -77,7 +77,7 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
                                  background=BackgroundTask(upstream.aclose))
 
     async def start(request):
-        """(model, response iterator, cancel), or a Response: refused, or another model's (passed through)."""
+        """(model, Answer), or a Response: refused, or another model's (passed through)."""
         model = request.path_params["model"]
         if model not in models and model not in ensembles:
             return await passthrough(request)
@@ -88,8 +88,7 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
                 else generate_inputs(body)
         except RequestError as exc:
             return _json({"error": exc.format_message()}, 400)
-        iterator, cancel = grpc.responses(model, arrays)
-        return model, iterator, cancel
+        return model, grpc.responses(model, arrays)
 
     async def until_final(iterator, model: str, stop_after_first: bool):
         """The first response (stop_after_first) or the final one, as (result, None) or (None, Response)."""
@@ -104,54 +103,60 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
             if stop_after_first or is_final(result, None):
                 return result, None
 
-    async def raced(request, coro, cancel):
+    async def raced(request, coro, answer):
         """`coro`'s value, or None when the client disconnects first (the request is then cancelled)."""
-        answer, gone = asyncio.ensure_future(coro), asyncio.ensure_future(_client_gone(request))
-        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+        waiting, gone = asyncio.ensure_future(coro), asyncio.ensure_future(_client_gone(request))
+        await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
         gone.cancel()
-        if not answer.done():
+        if not waiting.done():
+            waiting.cancel()
             answer.cancel()
-            cancel()
             return None
-        return answer.result()
+        return waiting.result()
+
+    def end(answer, complete: bool) -> None:
+        """Close a complete answer's stream (the server ends it), cancel any other (see `Answer`)."""
+        (answer.close if complete else answer.cancel)()
 
     async def generate(request):
         started = await start(request)
         if isinstance(started, Response):
             return started
-        model, iterator, cancel = started
-        outcome = await raced(request, until_final(iterator, model, stop_after_first=False), cancel)
-        cancel()
+        model, answer = started
+        outcome = await raced(request, until_final(answer.iterator, model, stop_after_first=False), answer)
         if outcome is None:
             return Response(status_code=499)  # the client left
         result, refused = outcome
+        end(answer, complete=refused is None)
         return refused or _json(output_json(result, model))
 
     async def generate_stream(request):
         started = await start(request)
         if isinstance(started, Response):
             return started
-        model, iterator, cancel = started
-        outcome = await raced(request, until_final(iterator, model, stop_after_first=True), cancel)
+        model, answer = started
+        outcome = await raced(request, until_final(answer.iterator, model, stop_after_first=True), answer)
         if outcome is None or outcome[1] is not None:  # gone, or refused before any output: a plain status
-            cancel()
+            answer.cancel()
             return outcome[1] if outcome else Response(status_code=499)
         first = outcome[0]
 
         async def events():
+            complete = False
             try:
                 current = first
                 yield _sse(output_json(current, model))
                 while not is_final(current, None):
-                    current, error = await iterator.__anext__()
+                    current, error = await answer.iterator.__anext__()
                     if error is not None:
                         yield _sse({"error": error.message()})
                         return
                     yield _sse(output_json(current, model))
+                complete = True
             except Exception as exc:  # noqa: BLE001 - the server went away mid-stream
                 yield _sse({"error": refusal(exc)[1]})
             finally:
-                cancel()  # also when the client disconnects (Starlette cancels this generator)
+                end(answer, complete)  # cancelled when the client disconnects (Starlette cancels this generator)
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -168,14 +173,13 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
         except OpenAIError as exc:
             return _json(exc.body(), exc.status)
         reply = Reply(model, chat)
-        iterator, cancel = grpc.responses(model, arrays)
-        outcome = await raced(request, until_final(iterator, model, stop_after_first=True), cancel)
+        answer = grpc.responses(model, arrays)
+        outcome = await raced(request, until_final(answer.iterator, model, stop_after_first=True), answer)
         if outcome is None:
-            cancel()
             return Response(status_code=499)
         first, refused = outcome
         if refused is not None:  # Triton refused it (the model's own checks): OpenAI's shape, same status
-            cancel()
+            answer.cancel()
             message = json.loads(refused.body)["error"]
             return _json(OpenAIError(message, refused.status_code).body(), refused.status_code)
         if not stream:
@@ -185,19 +189,20 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
                     text.append(_output_text(current))
                     if is_final(current, None):
                         return "".join(text), current, None
-                    current, error = await iterator.__anext__()
+                    current, error = await answer.iterator.__anext__()
                     if error is not None:
                         return None, None, error.message()
-            done = await raced(request, rest(), cancel)
-            cancel()
+            done = await raced(request, rest(), answer)
             if done is None:
                 return Response(status_code=499)
             text, final, error = done
+            end(answer, complete=error is None)
             if error is not None:
                 return _json(OpenAIError(error).body(), 400)
             return _json(reply.full(text, final))
 
         async def events():
+            complete = False
             try:
                 current, opened = first, False
                 while True:
@@ -211,16 +216,17 @@ def make_app(triton_http: str, triton_grpc: str, models: frozenset[str], limits:
                         yield _sse(reply.chunk(None if chat else "", finish_reason(current)))
                         if include_usage:
                             yield _sse(reply.usage_chunk(current))
+                        complete = True
                         yield b"data: [DONE]\n\n"
                         return
-                    current, error = await iterator.__anext__()
+                    current, error = await answer.iterator.__anext__()
                     if error is not None:
                         yield _sse(OpenAIError(error.message()).body())
                         return
             except Exception as exc:  # noqa: BLE001 - the server went away mid-stream
                 yield _sse(OpenAIError(refusal(exc)[1], 503).body())
             finally:
-                cancel()
+                end(answer, complete)
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
