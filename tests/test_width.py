@@ -209,6 +209,20 @@ def test_a_backlog_step_is_not_timed_and_its_width_runs_again():
     assert mw.seconds[1, 4, True] in (0.005, 0.006) and mw.width([2]) == 1  # back to the best
 
 
+def test_a_well_timed_arm_explored_after_ar_steps_runs_once():
+    """Once an arm has a full window of timings, an exploration after AR steps (a backlog step, not timed) is
+    one draft step: its acceptance is what it measures anew; a second, timed step would double its cost
+    (at T 1.5 on the shipped pair: 177 draft steps in 2,000 before, 79 after)."""
+    mw = MeasuredWidth(8, explore_every=0)
+    for _ in range(mw.window):
+        for w in (8, 4, 2, 1):
+            mw.update([2], [0], w, 0.004 if w == 1 else 0.006)
+    assert mw.width([2]) == 1
+    mw.update([2], [1], 4, None)
+    assert mw.seconds[1, 4, True] == 0.006 and mw.width([2]) == 1  # no probe: back to the best at once
+    assert mw.tokens[2, 4] > 1.0  # the exploration's acceptance counted
+
+
 def test_a_draft_step_with_rejections_then_ar_steps_leaves_the_right_context():
     """Widths 8, 1, 1, then 8: the first step's rejected drafts sit between its committed rows and the AR steps'
     in the pending context; the next draft pass must store only committed rows — its drafts equal those of a

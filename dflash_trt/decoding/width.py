@@ -180,11 +180,14 @@ class MeasuredWidth:
     def update(self, bands: list[int], accepted: list[int], width: int, seconds: float | None) -> None:
         """Fold one step in: each row's band and accepted drafts, the width it ran at, its seconds — None
         for a draft step that also stored the context of AR steps before it (a backlog a step of this
-        width pays once on switching, not every step): not timed, and the same width runs once more."""
+        width pays once on switching, not every step): not timed, and, while the arm has fewer than
+        `window` timings, the same width runs once more to time it (an exploration of a well-timed arm
+        after AR steps is one draft step, not two: what it measures anew is acceptance)."""
         width = min(self.arms, key=lambda w: abs(w - width))  # a width outside the arms counts as the nearest
+        key = self.cost_key(bands, width)
         if seconds is not None:
-            self._time(self.cost_key(bands, width), seconds)
-        elif width > 1:
+            self._time(key, seconds)
+        elif width > 1 and len(self.recent.get(key, ())) < self.window:  # timed too few times: once more
             self.probe = (tuple(sorted(bands)), width)
         for band in set(bands):
             mine = [a + 1 for b, a in zip(bands, accepted) if b == band]
