@@ -71,6 +71,46 @@ def _commit_step(rows: list[Row], active: torch.Tensor, chosen: torch.Tensor, ac
     return accepted_list
 
 
+def _ar_steps(target: Target, rows: list[Row], active: torch.Tensor, active_ids: list[int], bands: list[int],
+              row_params: tuple, bonus: torch.Tensor, start: torch.Tensor, target_cache, draft_cache, pending: list,
+              taps, on_commit: OnCommit | None, any_bad_words: bool, width) -> tuple[int, int | None]:
+    """Plain AR steps of the active rows (the target's token at each row's next position, its taps kept
+    pending as draft context) until a row finishes or the measured policy picks another width (one step
+    unless `width` is a MeasuredWidth): the same tokens, K/V and context as one loop iteration per step,
+    without a draft step's per-step bookkeeping. -> (steps taken, the width the policy picked for the next
+    step; None when it was not asked: a row finished, or no MeasuredWidth)."""
+    measured = isinstance(width, MeasuredWidth)
+    tokens, positions = bonus[active, None], start[active][:, None]  # [n, 1] each
+    committed = torch.ones_like(tokens, dtype=torch.bool)
+    none_accepted = [0] * len(active_ids)
+    steps, decided = 0, None
+    while decided is None:
+        t0 = time.perf_counter()
+        logits, verify_hidden = target(tokens, positions, target_cache, active, taps)
+        if any_bad_words:
+            mask_banned(logits, banned_rows([rows[i] for i in active_ids], tokens))
+        chosen = sample_tokens(logits[:, 0], positions[:, 0] + 1, *row_params)  # as verify_block picks it
+        finished = False
+        for index, token in zip(active_ids, chosen.tolist()):
+            row = rows[index]
+            row.acceptance_lengths.append(row.commit([token], on_commit))
+            row.accepted_drafts.append(0)
+            finished |= row.done
+        target_cache.advance(active, 1)
+        pending.append((active, verify_hidden, positions, committed))
+        tokens, positions, steps = chosen[:, None], positions + 1, steps + 1
+        if not measured:
+            break
+        width.update(bands, none_accepted, 1, time.perf_counter() - t0)
+        if finished:
+            break
+        if (pick := width.width(bands)) != 1:
+            decided = pick
+    bonus[active], start[active] = tokens[:, 0], positions[:, 0]
+    draft_cache.crop(active, positions[:, 0])
+    return steps, decided
+
+
 @torch.inference_mode()
 @cpu_layers.fixed_weights
 def speculative_generate(
@@ -118,13 +158,15 @@ def speculative_generate(
 
     t0 = time.perf_counter()
     # `pending`: committed contexts since the last draft pass, stored by the next one (take_context)
-    active_ids = None
+    active_ids, decided = None, None
     while not all(row.done for row in rows):
         if (ids := [r.index for r in rows if not r.done]) != active_ids:  # a row finished (or the first step)
-            active_ids, active = ids, torch.tensor(ids, device=device)
+            active_ids, active, decided = ids, torch.tensor(ids, device=device), None
             row_params = params.rows(active)
             bands = [temperature_band(requests[i].params.temperature) for i in active_ids]
-        if isinstance(width, MeasuredWidth):
+        if decided is not None:  # the AR steps before asked the policy already (a second ask would differ)
+            step_width, decided = min(decided, block_size), None
+        elif isinstance(width, MeasuredWidth):
             step_width = min(width.width(bands), block_size)
         else:
             step_width = min(width.width(), block_size) if width is not None else block_size
@@ -137,22 +179,11 @@ def speculative_generate(
             context, pending = draft.take_context(merge_context(pending), draft_cache, active), []
         block_start = start[active]  # [n] position of each bonus token
         t_draft = time.perf_counter()
-        if step_width == 1:  # a plain AR step: no draft pass (its context waits in `pending`, stored later)
-            block, block_positions = bonus[active, None], block_start[:, None]
-            drafts = block[:, 1:]  # [n, 0]
-            logits, verify_hidden = target(block, block_positions, target_cache, active, taps)
-            if any_bad_words:
-                mask_banned(logits, banned_rows([rows[i] for i in active_ids], block))
-            chosen = sample_tokens(logits[:, 0], block_start + 1, *row_params)[:, None]  # as verify_block picks it
-            accepted = torch.zeros_like(block_start)
-            accepted_list = _commit_step(rows, active, chosen, accepted, drafts, on_commit, bonus)
-            if isinstance(width, MeasuredWidth):
-                width.update(bands, accepted_list, 1, time.perf_counter() - t_draft)
-            target_cache.advance(active, 1)
-            draft_cache.crop(active, block_start + 1)
-            pending.append((active, verify_hidden, block_positions, torch.ones_like(block, dtype=torch.bool)))
-            start[active] = block_start + 1
-            timings.steps += 1
+        if step_width == 1:  # plain AR steps while the policy keeps width 1: no draft pass (their context waits
+            # in `pending`, stored by the next draft pass)
+            steps, decided = _ar_steps(target, rows, active, active_ids, bands, row_params, bonus, start, target_cache,
+                                       draft_cache, pending, taps, on_commit, any_bad_words, width)
+            timings.steps += steps
             continue
         offsets = torch.arange(step_width, device=device)[None, :]  # [1, W]
         block_positions = block_start[:, None] + offsets  # [n, W]
