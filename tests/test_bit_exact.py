@@ -78,18 +78,24 @@ def test_ar_alone_equals_ar_in_a_batch(near_tie_pair):
 
 def test_a_long_prompt_prefills_to_the_bits_of_its_decode_steps(near_tie_pair):
     """A 300-token prefill is more rows than one C++ pass takes: it runs in pieces, and every row's logits
-    are those of feeding the tokens one at a time."""
+    and taps (the drafter's context: a middle layer and the last, normed one) are those of feeding the
+    tokens one at a time, or 16 at a time (a verify pass's rows)."""
     target = near_tie_pair.target
+    taps = (1, len(target.model.layers) - 1)
     tokens = torch.randint(0, 255, (1, 300), generator=torch.Generator().manual_seed(3))
     positions = torch.arange(300)[None]
     with torch.inference_mode():
-        whole, _ = target(tokens, positions, target.new_cache(1, 320), torch.arange(1))
-        cache, steps = target.new_cache(1, 320), []
-        for i in range(300):
-            logits, _ = target(tokens[:, i:i + 1], positions[:, i:i + 1], cache, torch.arange(1))
-            cache.advance(torch.arange(1), 1)
-            steps.append(logits[:, 0])
-    assert torch.equal(whole[0], torch.cat(steps))
+        whole, whole_taps = target(tokens, positions, target.new_cache(1, 320), torch.arange(1), taps)
+        for rows in (1, 16):
+            cache, steps, step_taps = target.new_cache(1, 320), [], []
+            for i in range(0, 288, rows):
+                logits, hidden = target(tokens[:, i:i + rows], positions[:, i:i + rows], cache, torch.arange(1), taps)
+                cache.advance(torch.arange(1), rows)
+                steps.append(logits[0])
+                step_taps.append(hidden[0])
+            assert torch.equal(whole[0, :288], torch.cat(steps)), rows
+            assert torch.equal(whole_taps[0, :288], torch.cat(step_taps)), rows
+    assert whole_taps.shape == (1, 300, 2 * target.lm_head.weight.shape[1])
 
 
 def test_seeded_sampling_is_bit_exact_in_every_dtype(near_tie_pair):
