@@ -252,7 +252,27 @@ def test_sampled_steps_are_timed_apart_from_greedy_ones():
         mw.update([2], [0], w, 0.004)  # one sampled row: every band's acceptance is known at every width
     assert mw.value([0, 0], 4) is not None
     assert mw.value([0, 2], 4) is None  # two rows, one sampling: not timed yet (the greedy 1 ms does not count)
-    assert mw.width([0, 2]) == 4  # so it runs first
+    assert mw.width([0, 2]) == 1  # its AR step first: the one-row sampled timings estimate the rest from it
+    mw.update([0, 2], [0, 0], 1, 0.005)
+    assert mw.estimated_seconds((2, 4, True)) == 0.005  # the sampled 1-row ratio (4 ms / 4 ms), not 1 ms greedy
+
+
+def test_a_new_batch_size_times_its_ar_step_and_estimates_the_rest():
+    """A server's batch size wanders; timing every arm at every size first would run each hopeless wide arm
+    once per size. A new size times its AR step, estimates the other arms from the nearest size timed both
+    ways (their cost relative to an AR step), and explores them only when due."""
+    mw = MeasuredWidth(16)
+    seconds = lambda rows, w: 0.003 * (1 + rows / 8) * (1 if w == 1 else 1.8 + w / 16)  # noqa: E731
+    for _ in range(3):
+        for w in reversed(mw.arms):
+            mw.update([2] * 4, [0] * 4, w, seconds(4, w))
+    widths = []
+    for _ in range(40):
+        w = mw.width([2] * 3)
+        widths.append(w)
+        mw.update([2] * 3, [0] * 3, w, seconds(3, w))
+    assert widths[0] == 1 and widths.count(1) >= 38  # no run of 16, 8, 4, 2 at three rows
+    assert abs(mw.estimated_seconds((3, 16, True)) - seconds(3, 16)) < 1e-9
 
 
 def test_the_scheduler_after_ar_steps_drafts_from_the_right_context():

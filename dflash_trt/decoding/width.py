@@ -131,12 +131,31 @@ class MeasuredWidth:
         self.seconds[key] = ordered[len(ordered) // 2]
 
     def value(self, bands: list[int], width: int) -> float | None:
-        """Expected committed tokens per second of a step at `width`, or None if not measured yet."""
-        seconds = self.seconds.get(self.cost_key(bands, width))
+        """Expected committed tokens per second of a step at `width`, or None if not measured yet (nor
+        estimable: `estimated_seconds`)."""
+        key = self.cost_key(bands, width)
+        seconds = self.seconds.get(key)
+        if seconds is None:
+            seconds = self.estimated_seconds(key)
         tokens = [self.tokens.get((b, width)) for b in bands]
         if seconds is None or None in tokens:
             return None
         return sum(tokens) / max(seconds, 1e-9)
+
+    def estimated_seconds(self, key: tuple[int, int, bool]) -> float | None:
+        """A step's seconds at a row count not yet timed at this width: the width's cost relative to an AR
+        step at the nearest row count timed both ways, times this row count's AR step. A server's batch
+        size wanders (requests come and go) and timing every arm at every size first would run each
+        hopeless wide arm once per size; estimated, an arm is timed when exploration finds it close."""
+        rows, width, sampled = key
+        ar = self.seconds.get((rows, 1, sampled))
+        if width == 1 or ar is None:
+            return None
+        known = [n for (n, w, s) in self.seconds if w == width and s == sampled and (n, 1, s) in self.seconds]
+        if not known:
+            return None
+        near = min(known, key=lambda n: (abs(n - rows), n))
+        return self.seconds[near, width, sampled] / self.seconds[near, 1, sampled] * ar
 
     def width(self, bands: list[int]) -> int:
         if not bands:
@@ -149,10 +168,16 @@ class MeasuredWidth:
                 return probe[1]
         values = [self.value(bands, w) for w in self.arms]
         unmeasured = [w for w, v in zip(self.arms, values) if v is None]
-        if unmeasured:
+        rows, sampled = len(bands), any(bands)
+        if unmeasured:  # widest first; an AR step first where other row counts' timings estimate the rest
+            if 1 in unmeasured and any(n != rows and s == sampled for (n, w, s) in self.seconds):
+                return 1
             return unmeasured[-1]
-        best = max(range(len(self.arms)), key=values.__getitem__)
         key = tuple(sorted(bands))
+        for w in self.arms:  # an estimated arm counts as run now: explored when due, not at once
+            if (rows, w, sampled) not in self.seconds:
+                self.last_run.setdefault((key, w), self.steps)
+        best = max(range(len(self.arms)), key=values.__getitem__)
         held = self.held.get(key)  # hysteresis: keep the arm in use unless beaten by `margin`
         if held is not None and values[held] * (1 + self.margin) >= values[best]:
             best = held
