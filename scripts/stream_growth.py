@@ -19,17 +19,13 @@ import threading
 import time
 from pathlib import Path
 
-from serve_harness import ROOT, build_repository
+from serve_harness import ROOT, _rss, build_repository
 from soak_serve import requests_to_check
 
 from dflash_trt.triton import front
 from dflash_trt.triton.client import grpc_generate, http_generate
 from dflash_trt.triton.front_app import Front, make_app
 from dflash_trt.triton.server import TritonServer, free_port
-
-
-def rss_anon_kb(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/status").read_text().split("RssAnon:")[1].split()[0])
 
 
 def main() -> None:
@@ -81,10 +77,10 @@ def main() -> None:
 
     try:
         load(args.warmup)
-        before, t0 = rss_anon_kb(server.process.pid), time.monotonic()
+        before, t0 = _rss(server.process.pid, "RssAnon") // 1024, time.monotonic()
         responses = load(args.requests)
         time.sleep(2)
-        after = rss_anon_kb(server.process.pid)
+        after = _rss(server.process.pid, "RssAnon") // 1024
     finally:
         running.stop()
         server.stop()

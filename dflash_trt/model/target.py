@@ -128,7 +128,7 @@ class Target(nn.Module):
             x, taps = self._layers(tokens, positions, cache, slots, tap_layers)
         last = len(self.model.layers) - 1
         x = self.model.norm(x)
-        if isinstance(taps, TapBuffer) and tap_layers:  # the C++ path copied each tap into one buffer
+        if isinstance(taps, TapBuffer):  # the C++ path copied each tap into one buffer
             target_hidden = taps.joined(x if last in tap_layers else None)
         else:
             if last in tap_layers:
@@ -196,6 +196,7 @@ class Target(nn.Module):
         else:
             cos, sin = self.rotary.at(positions.reshape(-1), x.dtype)
         slots = slots.to(torch.int64).contiguous()
-        taps = TapBuffer(x, b, t, tap_layers, len(plans) - 1)
-        cpu_layers.run_layers(plans, x, None, None, cache, slots, starts, cos, sin, causal=True, copies=taps.addresses)
+        taps = TapBuffer(x, b, t, tap_layers, len(plans) - 1) if tap_layers else {}  # none: no buffer (AR passes)
+        cpu_layers.run_layers(plans, x, None, None, cache, slots, starts, cos, sin, causal=True,
+                              copies=taps.addresses if tap_layers else None)
         return x.view(b, t, -1), taps
