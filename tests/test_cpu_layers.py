@@ -213,6 +213,83 @@ def test_one_call_draft_block_equals_forward_then_propose(loaded_tiny_pair, monk
         assert last_rows.count(6) > 0
 
 
+@pytest.mark.parametrize("min_confidence", [0.0, 0.02, 0.3])
+@pytest.mark.parametrize("draft_vocab", [None, 100])
+def test_one_call_sampled_draft_block_equals_forward_then_propose(loaded_tiny_pair, monkeypatch, min_confidence,
+                                                                    draft_vocab):
+    """A sampled sequence's draft_block is the same one C++ call: its coupled drafts (the twin's rule on
+    the head's panels' logits, the request's noise), its cut (each draft's own probability) and its K/V
+    equal a whole pass followed by propose, at every temperature, with top-k / top-p, with a draft
+    vocabulary given in frequency order (kept in id order: the rule's noise and tie order)."""
+    calls = []
+    step_call = cpu_layers.DraftStep.__call__
+
+    def record(self, *a, **k):
+        drafts = step_call(self, *a, **k)
+        calls.append(drafts.numel())
+        return drafts
+
+    monkeypatch.setattr(cpu_layers.DraftStep, "__call__", record)
+    draft, target = loaded_tiny_pair.draft, loaded_tiny_pair.target
+    ids = None if draft_vocab is None else torch.randperm(target.config.vocab_size, generator=torch.Generator().manual_seed(3))[:draft_vocab]
+    draft.use_vocab(None if ids is None else ids.tolist(), target.lm_head)
+    q = draft.config.block_size
+    n_taps = len(draft.config.target_layer_ids) * target.config.dims.hidden_size
+    kept = []
+    try:
+        for seed in range(12):
+            g = torch.Generator().manual_seed(seed)
+            target_hidden = torch.randn(1, 40, n_taps, generator=g) * (0.2 + seed / 4)
+            bonus = torch.randint(0, 256, (1, 1), generator=g)
+            block = target.embed(torch.cat([bonus, torch.full((1, q - 1), draft.config.mask_token_id)], 1))
+            sampling = (torch.tensor([(0.7, 1.0, 1.5)[seed % 3]]), torch.tensor([(0, 40)[seed % 2]]),
+                        torch.tensor([(1.0, 0.9)[seed // 2 % 2]]), torch.tensor([seed * 7919 - 5]))
+            results = []
+            for one_call in (False, True):
+                cache, slots = draft.new_cache(2, 64), torch.tensor([1])
+                with torch.inference_mode():
+                    draft.append_context(target_hidden[:, :20], torch.arange(20)[None], cache, slots)
+                    context = (target_hidden[:, 20:24], torch.arange(20, 24)[None], None) if seed % 3 else None
+                    start = 24 if seed % 3 else 20
+                    positions = torch.arange(start, start + q)[None]
+                    if one_call:
+                        drafts = draft.draft_block(block, positions, cache, slots, context, target.lm_head,
+                                                   min_confidence, sampling)
+                    else:
+                        hidden = draft(block, positions, cache, slots, context)
+                        drafts = draft.propose(hidden[:, 1:], target.lm_head, min_confidence, positions[:, 0],
+                                               sampling)
+                results.append((drafts, cache.k[:, 1, :, : 24 + q].clone(), cache.v[:, 1, :, : 24 + q].clone()))
+            for got, want in zip(results[1], results[0]):
+                assert torch.equal(got, want), seed
+            kept.append(results[0][0].numel())
+            if ids is not None:
+                assert set(results[0][0].flatten().tolist()) <= set(ids.tolist())
+    finally:
+        draft.use_vocab(None, target.lm_head)
+    assert calls == kept  # every draft_block was the one call
+    if min_confidence == 0.0:
+        assert kept == [q - 1] * 12
+    if min_confidence >= 0.3:
+        assert min(kept) < q - 1  # the cut fell within the block
+
+
+def test_sampled_trust_is_the_log_softmax_at_the_drafts():
+    """cpu_ops.sampled_trust (what the C++ draft step's cut adds up, and confident_prefix on CPU) is
+    log softmax(logits / T) at each row's column; a row with a NaN is -inf."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(9, 333, generator=g) * 4
+    logits[4, 17] = float("nan")
+    columns = torch.randint(0, 333, (9,), generator=g)
+    temperature = torch.tensor([0.3, 0.7, 1.0, 1.5, 1.0, 2.0, 0.05, 1.0, 1.0])
+    with torch.inference_mode():
+        got = cpu_ops.sampled_trust(logits, columns, temperature)
+    want = torch.log_softmax(logits / temperature[:, None], dim=-1).gather(1, columns[:, None])[:, 0]
+    assert got[4] == float("-inf")
+    keep = torch.arange(9) != 4
+    torch.testing.assert_close(got[keep], want[keep], rtol=1e-5, atol=1e-5)
+
+
 def test_batched_draft_with_ragged_contexts_equals_the_torch_path(loaded_tiny_pair, torch_path, monkeypatch):
     """Three rows in scattered slots, each with its own context length (valid prefixes) and block start."""
     calls = []

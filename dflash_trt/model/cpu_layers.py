@@ -267,9 +267,11 @@ class DraftStep:
         return cached[1]
 
     def __call__(self, block: torch.Tensor, target_hidden: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                 cache: KVCache, slot: int, start: int, min_confidence: float) -> torch.Tensor:
+                 cache: KVCache, slot: int, start: int, min_confidence: float, sampling=None) -> torch.Tensor:
         """block [W, H] input rows, target_hidden [n, fc_in] (None: no new context), cos / sin
-        [n + W, D] of positions start - n ..; -> drafts [K' <= W - 1] (tokens)."""
+        [n + W, D] of positions start - n ..; -> drafts [K' <= W - 1] (tokens). `sampling`: None (greedy
+        drafts) or the sequence's (temperature > 0, top_k, top_p, seed) for coupled drafts, picked by the
+        sampling rule's C++ twin (`coupled_drafts`); the head's rows must then be in ascending token id."""
         n = 0 if target_hidden is None else target_hidden.shape[0]
         width = block.shape[0]
         for t in (block, cos, sin, *(() if target_hidden is None else (target_hidden,))):
@@ -277,12 +279,21 @@ class DraftStep:
         drafts = torch.empty(width - 1, dtype=torch.int64)
         last_rows = ctypes.c_int32(0)
         floor = math.log(min_confidence) if min_confidence > 0.0 else -math.inf
+        rule = None if sampling is None else ctypes.byref(self._sampling(start, *sampling))
         kept = cpu_ops.library().dfl_draft_step(
             self.pointer, block.data_ptr(), width, None if target_hidden is None else target_hidden.data_ptr(), n,
             cos.data_ptr(), sin.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(), cache.k[0].numel(), slot, start,
-            cache.capacity, floor, drafts.data_ptr(), ctypes.byref(last_rows))
+            cache.capacity, floor, rule, drafts.data_ptr(), ctypes.byref(last_rows))
         if kept < 1:
             raise ValueError(f"dfl_draft_step rejected its sizes (block {width} rows at {start}, {n} context rows, "
                              f"cache capacity {cache.capacity})")
         self.last_rows = last_rows.value
         return drafts[:kept]
+
+    def _sampling(self, start: int, temperature: float, top_k: int, top_p: float, seed: int) -> cpu_ops.SamplingArgs:
+        from dflash_trt.kernels import twin  # the sampling rule's C++ twin (its own build: no FMA contraction)
+
+        vocab_ids = self.keep[-1]
+        return cpu_ops.SamplingArgs(ctypes.cast(twin.library().dfv_twin_sample_rows, ctypes.c_void_p).value,
+                                    None if vocab_ids is None else vocab_ids.data_ptr(), temperature, top_k, top_p,
+                                    seed, start + 1)

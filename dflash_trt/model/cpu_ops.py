@@ -50,6 +50,14 @@ class DraftStepArgs(ctypes.Structure):
                 ("head", _p), ("vocab", _i32), ("vocab_ids", _p), ("first", _i32)]
 
 
+class SamplingArgs(ctypes.Structure):
+    """Mirror of DflSampling in decoder_layer.cpp: one sampled sequence's rule for its coupled drafts."""
+
+    _fields_ = [("sample_rows", ctypes.c_void_p), ("ids", _p), ("temperature", ctypes.c_float),
+                ("top_k", ctypes.c_int64), ("top_p", ctypes.c_float), ("seed", ctypes.c_int64),
+                ("position", ctypes.c_int64)]
+
+
 _i64 = ctypes.c_int64
 _SIGNATURES = {  # name: (restype, argtypes)
     "dfl_decoder_layer": (_i32, [ctypes.POINTER(LayerWeights), _p, _i32, _i32, _p, _p, _p, _p, _p, _p, _p, _p, _i32, _i32]),
@@ -62,7 +70,8 @@ _SIGNATURES = {  # name: (restype, argtypes)
     "dfl_greedy_verify": (_i32, [_p, _i32, _i32, _p, _i32, _p, _i32, _p]),
     "dfl_greedy_drafts": (_i32, [_p, _i32, _i32, _p, _i32, ctypes.c_float, _i32, _p]),
     "dfl_draft_step": (_i32, [ctypes.POINTER(DraftStepArgs), _p, _i32, _p, _i32, _p, _p, _p, _p, _i64, _i64, _i64, _i32,
-                              ctypes.c_float, _p, _p]),
+                              ctypes.c_float, ctypes.POINTER(SamplingArgs), _p, _p]),
+    "dfl_sampled_trust": (None, [_p, _i32, _i32, _p, _p, _p]),
 }
 
 
@@ -218,6 +227,19 @@ def greedy_verify(hidden: torch.Tensor, head, drafts: torch.Tensor, first: int) 
     accepted = library().dfl_greedy_verify(hidden.data_ptr(), hidden.shape[0], hidden.shape[1], panels.data_ptr(),
                                            weight.shape[0], drafts.data_ptr(), first, tokens.data_ptr())
     return tokens, accepted
+
+
+def sampled_trust(logits: torch.Tensor, columns: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor | None:
+    """log softmax(logits / t)[column] per row (logits [N, V] fp32 CPU, columns [N], temperature [N] > 0;
+    -inf for a row with a NaN): the trust the C++ draft step's cut adds up; None without the library."""
+    if library() is None or logits.dtype != torch.float32 or logits.device.type != "cpu" or not eager():
+        return None
+    logits = logits.contiguous()
+    columns, temperature = columns.to(torch.int64).contiguous(), temperature.to(torch.float32).contiguous()
+    out = torch.empty(logits.shape[0], dtype=torch.float32)
+    library().dfl_sampled_trust(logits.data_ptr(), logits.shape[0], logits.shape[1], columns.data_ptr(),
+                                temperature.data_ptr(), out.data_ptr())
+    return out
 
 
 def greedy_drafts(hidden: torch.Tensor, head, min_confidence: float, first: int) -> torch.Tensor:

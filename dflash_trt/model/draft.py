@@ -30,7 +30,7 @@ from dflash_trt.model.draft_heads import (
 )
 from dflash_trt.model.draft_layer import DraftLayer
 from dflash_trt.model.kv_cache import KVCache
-from dflash_trt.model.layers import RMSNorm, Rotary, call_linear
+from dflash_trt.model.layers import RMSNorm, Rotary, call_linear, head_logits
 
 
 class DFlashDraft(nn.Module):
@@ -245,7 +245,8 @@ class DFlashDraft(nn.Module):
         """Draft logits through the TARGET lm_head, with z-lab's multiplier and softcap."""
         # a sliced [B, K, H] view would make F.linear fall back to a batched matmul (~5x slower on CPU)
         flat = hidden.to(lm_head.weight.dtype).reshape(-1, hidden.shape[-1])
-        logits = call_linear(lm_head, flat).view(*hidden.shape[:-1], -1)
+        # on CPU the head's panels (`head_logits`), so the one-call draft step's coupled drafts see the same bits
+        logits = head_logits(lm_head, flat).view(*hidden.shape[:-1], -1)
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
@@ -258,7 +259,8 @@ class DFlashDraft(nn.Module):
             self.vocab = None
             return self
         weight = lm_head.weight.detach()
-        ids = torch.tensor(token_ids, dtype=torch.int64, device=weight.device)
+        # in ascending id: the sampling rule's order (each column's noise and tie order are its token's)
+        ids = torch.tensor(sorted(token_ids), dtype=torch.int64, device=weight.device)
         self.vocab = (ids, VocabHead(weight[ids].contiguous()))
         return self
 
@@ -318,24 +320,34 @@ class DFlashDraft(nn.Module):
         and the same drafts. One sequence on the C++ path is one call (`cpu_layers.DraftStep`); with a
         confidence cut its last layer outputs the rows the cut reads: slots 1..CONFIDENCE_FIRST, and
         the rest only when all of those are trusted (a row's output depends on no other row's query,
-        so nothing changes). Sampled rows (`sampling`) get coupled drafts (`propose`). `anchor` [B]: the
+        so nothing changes). Sampled rows (`sampling`) get coupled drafts (`propose`), one sampled
+        sequence in the same one call (its rule the C++ twin's, the same picks). `anchor` [B]: the
         block's first tokens (a DFlash2 drafter's selector starts from them)."""
-        if not any_sampled(sampling):
+        if not any_sampled(sampling) or self.candidate_selector is None:
             drafts = self._one_call_drafts(noise_embedding, block_positions, cache, slots, context, lm_head,
-                                           min_confidence)
+                                           min_confidence, sampling)
             if drafts is not None:
                 return drafts
         hidden = self(noise_embedding, block_positions, cache, slots, context)
         return self.propose(hidden[:, 1:], lm_head, min_confidence, block_positions[:, 0], sampling, anchor)
 
     def _one_call_drafts(self, noise_embedding, block_positions, cache: KVCache, slots, context, lm_head,
-                         min_confidence: float) -> torch.Tensor | None:
+                         min_confidence: float, sampling=None) -> torch.Tensor | None:
         """`draft_block` for one sequence through `cpu_layers.DraftStep`, or None where it does not
-        apply: its context must be the run of positions right before its block."""
+        apply: its context must be the run of positions right before its block, and a sampled row's
+        rule the C++ twin (`kernels.resolve_impl`; coupled drafts, as `propose` picks them)."""
         b, q = block_positions.shape
         if not (b == 1 and self.full_attention and self.config.output_multiplier == 1.0
                 and not self.config.final_logit_softcapping and cpu_layers.eligible(block_positions, cache)):
             return None
+        rule = None
+        if any_sampled(sampling):
+            from dflash_trt.kernels.verify import resolve_impl
+
+            if resolve_impl(noise_embedding, True) != "twin":
+                return None
+            temperature, top_k, top_p, seed = sampling
+            rule = (float(temperature[0]), int(top_k[0]), float(top_p[0]), int(seed[0]))
         plans = cpu_layers.plans(self.layers)
         vocab = self.vocab
         head, ids = (lm_head, None) if vocab is None else (vocab[1], vocab[0])
@@ -351,4 +363,4 @@ class DFlashDraft(nn.Module):
             target_hidden = target_hidden.to(self.fc.weight.dtype).contiguous()
         x = self._block_input(noise_embedding).reshape(q, -1).contiguous()
         cos, sin = self.rotary.rows(start - n, n + q, x.dtype)
-        return step(x, target_hidden, cos, sin, cache, int(slots[0]), start, min_confidence)[None]
+        return step(x, target_hidden, cos, sin, cache, int(slots[0]), start, min_confidence, rule)[None]

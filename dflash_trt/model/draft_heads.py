@@ -21,6 +21,7 @@ import math
 
 import torch
 
+from dflash_trt.model import cpu_ops
 from dflash_trt.model.layers import linear
 
 
@@ -92,9 +93,12 @@ def confident_prefix(logits: torch.Tensor, columns: torch.Tensor, temperature: t
     (softmax at the row's temperature; a greedy row's is its max probability, as in `confident_drafts`),
     multiplied along the block from `running` [B] (log, the slots before these; 0 by default); `running`
     returned is each row's log product after the last slot."""
-    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()[:, None, None]
-    log_q = torch.log_softmax(logits.float() / t, dim=-1).gather(-1, columns[..., None])[..., 0]
-    product = log_q.nan_to_num(nan=float("-inf")).cumsum(dim=1)
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
+    b, k, v = logits.shape
+    log_q = cpu_ops.sampled_trust(logits.reshape(b * k, v), columns.reshape(-1), t.repeat_interleave(k))
+    if log_q is None:  # elsewhere the same in torch (on CPU the C++ one is what the draft step adds up)
+        log_q = torch.log_softmax(logits.float() / t[:, None, None], dim=-1).gather(-1, columns[..., None])[..., 0]
+    product = log_q.view(b, k).nan_to_num(nan=float("-inf")).cumsum(dim=1)
     if running is not None:
         product = product + running[:, None]
     if min_confidence <= 0.0:

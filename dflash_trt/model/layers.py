@@ -58,7 +58,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def head_logits(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The target's logits x [..., H] -> [..., V], each row the same bits whatever the pass: on CPU fp32
+    """A head's logits x [..., H] -> [..., V] (the target's, the drafter's), each row the same bits whatever
+    the pass: on CPU fp32
     the head's panels (model/cpu_ops.py `head_matmul`: one FMA chain per logit, in the same order for
     any rows or tile), so prefill, AR decode, verify, lazy verify and the C++ greedy verify agree bit for
     bit and a near-tie breaks the same way in every path; elsewhere `call_linear`."""

@@ -741,37 +741,115 @@ float log_top_probability(const float* v, int n, float* scratch) {
   return -std::log(total);
 }
 
+// log of one row's softmax at temperature t > 0 at column c: (s_c - max s) - log(sum exp(s - max s)),
+// s = v / t (the trust of a sampled draft, spec: model.draft_heads.confident_prefix); -inf when the
+// row has a NaN or no finite maximum. scratch: n rounded up to 8 floats.
+float log_probability_at(const float* v, int n, int c, float t, float* scratch) {
+  float top = -INFINITY;
+  for (int i = 0; i < n; ++i) {
+    if (std::isnan(v[i])) return -INFINITY;
+    scratch[i] = v[i] / t;
+    top = scratch[i] > top ? scratch[i] : top;
+  }
+  if (!std::isfinite(top)) return -INFINITY;
+  const float s_c = scratch[c];
+  for (int i = 0; i < n; ++i) scratch[i] -= top;
+  for (int i = n; i < ((n + 7) & ~7); ++i) scratch[i] = 0.0f;
+  exp_inplace(scratch, n);
+  float total = 0.0f;
+  for (int i = 0; i < n; ++i) total += scratch[i];
+  return (s_c - top) - std::log(total);
+}
+
+}  // namespace
+
+extern "C" {
+
+// The sampling rule's CPU twin (plugins/dflash_verify/twin: dfv_twin_sample_rows), reached through a
+// pointer: this library is built with FMA contraction, the rule's bits must not be.
+typedef void (*DflSampleRows)(const void* logits, int32_t dtype, int64_t n, int32_t vocab, const int64_t* positions,
+                              const float* temperature, const int64_t* top_k, const float* top_p, const int64_t* seed,
+                              const int64_t* ids, int64_t* out);
+
+struct DflSampling {  // one sampled sequence's rule for its coupled drafts (model.draft_heads.coupled_drafts)
+  DflSampleRows sample_rows;
+  const int64_t* ids;  // [vocab] ascending token id of each head row (its noise, its tie order), or null
+  float temperature;   // > 0
+  int64_t top_k;
+  float top_p;
+  int64_t seed;
+  int64_t position;    // absolute position of draft slot 1's token (slot j: position + j - 1)
+};
+
+}  // extern "C"
+
+namespace {
+
 // The confidence cut over the draft slots read so far (dfl_greedy_drafts, dfl_draft_step): each
-// chunk of slots goes through the head; the running sum of log top-probabilities carries over.
+// chunk of slots goes through the head; the running sum of log trusts carries over. A slot's token
+// is the argmax (greedy) or the sampling rule's pick with the request's noise (`sampling`: coupled
+// drafts); its trust the draft's probability of that token (at the row's temperature).
 struct DraftCut {
   float log_floor;
   bool cut;  // log_floor > -inf and more than one slot: otherwise every slot is kept
-  float running = 0.0f;
+  const DflSampling* sampling;
+  float running = 0.0f;  // log trust of the slots of earlier chunks
+  bool read_before = false;
   std::vector<float> logits, scratch;
 
-  DraftCut(float floor, int k, int vocab)
-      : log_floor(floor), cut(floor > -INFINITY && k > 1), scratch(static_cast<size_t>((vocab + 7) & ~7)) {}
+  DraftCut(float floor, int k, int vocab, const DflSampling* sampled = nullptr)
+      : log_floor(floor), cut(floor > -INFINITY && k > 1), sampling(sampled),
+        scratch(static_cast<size_t>((vocab + 7) & ~7)) {}
 
-  // Slots lo .. hi-1 from their hidden rows [hi - lo, h]: tokens[lo .. hi-1] = their argmax; returns
-  // how many of them are still trusted (a prefix; all of them without a cut).
+  // Slots lo .. hi-1 from their hidden rows [hi - lo, h]: tokens[lo .. hi-1] = their picks (head
+  // rows); returns how many of them are still trusted (a prefix; all of them without a cut).
   int read(const float* hidden, int lo, int hi, int h, const float* panels, int vocab, int64_t* tokens) {
     logits.resize(static_cast<size_t>(hi - lo) * vocab);
     matmul_panels(hidden, hi - lo, h, panels, vocab, logits.data());
+    if (sampling) pick_sampled(lo, hi, vocab, tokens);
+    // the running sums as torch's cumsum over the chunk (fp32 outputs of a double sum), plus the earlier
+    // chunks' total (one fp32 add), as the torch rules (confident_drafts, confident_prefix) add them up
     int trusted = 0;
+    double chunk = 0.0;
+    float total = running;
     for (int r = lo; r < hi; ++r) {
       const float* row = logits.data() + static_cast<size_t>(r - lo) * vocab;
-      tokens[r] = argmax(row, vocab);
+      if (!sampling) tokens[r] = argmax(row, vocab);
       if (!cut) continue;
-      running += log_top_probability(row, vocab, scratch.data());
-      if (running >= log_floor && trusted == r - lo) ++trusted;
+      chunk += sampling ? log_probability_at(row, vocab, static_cast<int>(tokens[r]), sampling->temperature,
+                                             scratch.data())
+                        : log_top_probability(row, vocab, scratch.data());
+      total = read_before ? static_cast<float>(chunk) + running : static_cast<float>(chunk);
+      if (total >= log_floor && trusted == r - lo) ++trusted;
     }
+    running = total;
+    read_before = true;
     return cut ? trusted : hi - lo;
+  }
+
+  void pick_sampled(int lo, int hi, int vocab, int64_t* tokens) {
+    const int n = hi - lo;
+    std::vector<int64_t> positions(n), top_k(n, sampling->top_k), seed(n, sampling->seed);
+    std::vector<float> temperature(n, sampling->temperature), top_p(n, sampling->top_p);
+    for (int r = 0; r < n; ++r) positions[r] = sampling->position + lo + r;
+    sampling->sample_rows(logits.data(), 0, n, vocab, positions.data(), temperature.data(), top_k.data(),
+                          top_p.data(), seed.data(), sampling->ids, tokens + lo);
   }
 };
 
 }  // namespace
 
 extern "C" {
+
+// Trust of sampled drafts: out[r] = log softmax(logits[r] / temperature[r])[columns[r]] (rows of
+// [rows, vocab]; temperature > 0), -inf for a row with a NaN: what the C++ draft step's cut adds up.
+void dfl_sampled_trust(const float* logits, int32_t rows, int32_t vocab, const int64_t* columns,
+                       const float* temperature, float* out) {
+  std::vector<float> scratch(static_cast<size_t>((vocab + 7) & ~7));
+  for (int r = 0; r < rows; ++r)
+    out[r] = log_probability_at(logits + static_cast<size_t>(r) * vocab, vocab, static_cast<int>(columns[r]),
+                                temperature[r], scratch.data());
+}
 
 // Greedy verify of one block (spec.verify.verify_lazily at temperature 0): rows of hidden [rows, h]
 // through the head in chunks of first, first, 2 first, ... until a draft mismatches. tokens [rows]
@@ -841,14 +919,17 @@ struct DflDraftStep {  // pointers stay owned by the Python side (cpu_layers.Dra
 // + i * layer_floats), then the head over slots 1 .. width-1 with the confidence cut. With a cut
 // and more than `first` slots the last layer outputs slots 1..first, and the rest only when all of
 // those are trusted (their K/V are written either way). cos / sin: RoPE rows of those positions.
-// drafts [width - 1] gets the kept drafts (tokens); *last_rows the block rows the last layer output.
-// Returns the number kept (>= 1), or -1 on bad sizes. The numbers are those of the separate calls
-// (fc, rms_norm, dfl_decoder_layer(_rows), dfl_greedy_drafts).
+// `sampling` null: greedy drafts; else coupled drafts (the request's sampling rule on the draft logits,
+// `DflSampling`) trusted by their own probability. drafts [width - 1] gets the kept drafts (tokens);
+// *last_rows the block rows the last layer output. Returns the number kept (>= 1), or -1 on bad sizes.
+// The numbers are those of the separate calls (fc, rms_norm, dfl_decoder_layer(_rows), then
+// dfl_greedy_drafts, or the head's panels, the twin's rule and dfl_sampled_trust).
 int32_t dfl_draft_step(const DflDraftStep* s, const float* block, int32_t width, const float* target_hidden,
                        int32_t n_ctx, const float* cos, const float* sin, float* k_cache, float* v_cache,
                        int64_t layer_floats, int64_t slot, int64_t start, int32_t capacity, float log_floor,
-                       int64_t* drafts, int32_t* last_rows) {
+                       const DflSampling* sampling, int64_t* drafts, int32_t* last_rows) {
   if (s->n_layers < 1 || width < 2 || n_ctx < 0 || start - n_ctx < 0 || (n_ctx && !target_hidden)) return -1;
+  if (sampling && !(sampling->sample_rows && sampling->temperature > 0.0f)) return -1;
   const DflLayerWeights* last = s->layers[s->n_layers - 1];
   const int H = last->hidden, k = width - 1, first = s->first;
   std::vector<float> x(block, block + static_cast<size_t>(width) * H), features(static_cast<size_t>(n_ctx) * H);
@@ -871,7 +952,7 @@ int32_t dfl_draft_step(const DflDraftStep* s, const float* block, int32_t width,
   for (int i = 0; i + 1 < s->n_layers; ++i)
     if (layer(i, 0, width, true) != 0) return -1;
 
-  DraftCut state(log_floor, k, s->vocab);
+  DraftCut state(log_floor, k, s->vocab, sampling);
   const bool lazy = state.cut && k > first && (last->heads * last->head_dim) % 8 == 0;
   const int head_first = state.cut && first < k ? first : k;  // slots of the first chunk
   const int ln = s->n_layers - 1;
