@@ -183,3 +183,27 @@ def _assert_draft_context_complete(pair, cache, requests, results):
                 k, v = layer.self_attn.key_value(ctx, cos, sin)  # [1, T, kv_heads, D]
                 assert torch.allclose(cache.k[i, slot, :, :m], k[0, :m].transpose(0, 1), atol=1e-4), (slot, i)
                 assert torch.allclose(cache.v[i, slot, :, :m], v[0, :m].transpose(0, 1), atol=1e-4), (slot, i)
+
+
+def test_served_steps_check_their_layers_weights_once(loaded_tiny_pair, monkeypatch):
+    """The scheduler's steps share one `cpu_layers.weights_fixed_in` memo: the C++ passes of a served
+    pair check its layers' tensors on the first pass only (a check is ~0.1-0.6 ms a pass), and the
+    tokens stay the autoregressive ones."""
+    from dflash_trt.model import cpu_layers
+
+    checks = []
+    objects = cpu_layers._objects
+    monkeypatch.setattr(cpu_layers, "_objects", lambda layer: checks.append(1) or objects(layer))
+    requests = _requests(0.0, n=3, seed=5)
+    svc = DFlashService(loaded_tiny_pair, ServiceLimits(max_batch_size=2, max_seq_len=128))
+    try:
+        first = svc.generate(requests)
+        after_first = len(checks)
+        again = svc.generate(requests)
+    finally:
+        svc.shutdown()
+    layers = len(loaded_tiny_pair.target.model.layers) + len(loaded_tiny_pair.draft.layers)
+    assert 0 < after_first <= layers  # each layer list checked once, on its first pass
+    assert len(checks) == after_first  # later steps reuse the plans
+    expected = [e.tokens for e in autoregressive_generate(loaded_tiny_pair.target, requests)]
+    assert [g.tokens for g in first] == [g.tokens for g in again] == expected

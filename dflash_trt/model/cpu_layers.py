@@ -16,6 +16,7 @@ row-independent ops (RMSNorm, projections, greedy heads) are in cpu_ops.py.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import ctypes
 import functools
@@ -133,6 +134,17 @@ def fixed_weights(fn):
             _FIXED.reset(token)
 
     return run
+
+
+@contextlib.contextmanager
+def weights_fixed_in(memo: dict):
+    """`fixed_weights` for a loop of calls that share `memo` (a dict the caller keeps, e.g. a server's
+    scheduler across its steps): inside, `plans` checks each layer list once per memo."""
+    token = _FIXED.set(memo)
+    try:
+        yield
+    finally:
+        _FIXED.reset(token)
 
 
 def plans(layers: nn.ModuleList) -> list[LayerPlan] | None:
