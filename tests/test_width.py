@@ -196,6 +196,31 @@ def test_auto_policy_keeps_the_schedule_for_greedy_batches_and_measures_sampled_
             assert {w for (rows, w, sampled) in svc.scheduler.measured.seconds if rows == 3 and sampled} == {1, 2, 4, 8}
 
 
+def test_auto_policy_without_a_schedule_measures_greedy_batches_of_several_requests(loaded_tiny_pair):
+    """width_policy "auto" with no block_size_schedule: a greedy request alone verifies full blocks; a greedy
+    batch of several takes the measured choice (greedy costs timed for it); lossless."""
+    svc = DFlashService(loaded_tiny_pair, ServiceLimits(max_batch_size=3, max_seq_len=160, block_size=8))
+    seen = []
+    verify = svc.scheduler.target.verify
+    svc.scheduler.target.verify = lambda slots, blocks, *a: (seen.append((len(slots), blocks.shape[1])),
+                                                            verify(slots, blocks, *a))[1]
+    try:
+        alone = [Request(r.prompt, r.params, StopCriteria(60)) for r in _requests(0.0, n=1, seed=63)]
+        got_alone = svc.generate(alone)
+        single = list(seen)
+        requests = [Request(r.prompt, r.params, StopCriteria(60)) for r in _requests(0.0, n=3, seed=64)]
+        got = svc.generate(requests)
+    finally:
+        svc.shutdown()
+    expected = autoregressive_generate(loaded_tiny_pair.target, alone + requests)
+    assert [g.tokens for g in got_alone + got] == [e.tokens for e in expected]
+    assert single[:4] == [(1, 8)] * 4, single  # full blocks (measuring would have run 8, 4, 2, 1)
+    # three rows: the measured choice — a new batch size times its AR step first (the other arms estimated
+    # from the single request's timings), where a fixed full block would verify 8
+    full = [w for n, w in seen[len(single):] if n == 3]
+    assert full[0] == 1 and (3, 1, False) in svc.scheduler.measured.seconds, seen
+
+
 def test_a_backlog_step_is_not_timed_and_its_width_runs_again():
     """A draft step after AR steps also stores their context (a once-per-switch cost): update(seconds=None)
     leaves the arm's timing alone and the next step runs the same width, which is timed."""

@@ -51,8 +51,9 @@ class AdaptiveWidth:
 # Measured widths: acceptance per temperature band, pass costs by rows, down to plain AR steps
 # ---------------------------------------------------------------------------------------------
 
-# "schedule": block_size_schedule (or the full block); "measured": MeasuredWidth for every batch; "auto":
-# the schedule for all-greedy batches, MeasuredWidth once a row samples (the default)
+# "schedule": block_size_schedule (or the full block); "measured": MeasuredWidth for every batch; "auto"
+# (the default): MeasuredWidth once a row samples; all-greedy steps take the schedule if one is set, else
+# the full block for one request and MeasuredWidth for several (runtime/scheduler.py `greedy_width`)
 WIDTH_POLICIES = ("schedule", "measured", "auto")
 
 TEMPERATURE_BANDS = (0.0, 0.5, 1.0)  # band 0: greedy; 1: (0, 0.5]; 2: (0.5, 1.0]; 3: above 1.0
@@ -104,9 +105,9 @@ class MeasuredWidth:
         self.last_run: dict[tuple, int] = {}  # (batch composition, width) -> step it last ran
         self.last_explored: dict[tuple, int] = {}  # batch composition -> step of its last exploration
         self.margin, self.window, self.max_wait = margin, window, max_wait
-        # `greedy(batch) -> width` (the "auto" policy): all-greedy batches take it (a fixed schedule: greedy
-        # acceptance is high and steady, and the measured choice between near-equal wide arms is noisy); a
-        # batch with any sampled row takes the measured choice
+        # `greedy(batch) -> width or None` (the "auto" policy): all-greedy batches take its width (a fixed
+        # schedule: greedy acceptance is high and steady, and the measured choice between near-equal wide arms
+        # is noisy) unless it returns None; a batch with any sampled row takes the measured choice
         self.greedy = greedy
         self.probe: tuple | None = None  # (batch composition, width): run once more, its last step was not timed
         self.steps = 0
@@ -160,8 +161,8 @@ class MeasuredWidth:
     def width(self, bands: list[int]) -> int:
         if not bands:
             return self.max_width
-        if self.greedy is not None and not any(bands):
-            return self.greedy(len(bands))
+        if self.greedy is not None and not any(bands) and (fixed := self.greedy(len(bands))) is not None:
+            return fixed
         if self.probe is not None:
             probe, self.probe = self.probe, None
             if probe[0] == tuple(sorted(bands)):

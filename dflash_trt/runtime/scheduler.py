@@ -114,7 +114,7 @@ class Scheduler:
         self.measured = None
         if width_policy != "schedule" and self.block_size > 1:
             self.measured = MeasuredWidth(self.block_size,
-                                          greedy=self.scheduled_width if width_policy == "auto" else None)
+                                          greedy=self.greedy_width if width_policy == "auto" else None)
         self.free_slots = list(range(n_slots))
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}
@@ -266,6 +266,16 @@ class Scheduler:
         if self.measured is not None:
             return self.measured.width(bands if bands is not None else [0] * batch)
         return self.scheduled_width(batch)
+
+    def greedy_width(self, batch: int) -> int | None:
+        """The "auto" policy's width for an all-greedy step of `batch` rows, None for the measured choice:
+        the schedule when one is set (block_size_schedule, adaptive_width_cost); without one, the full block
+        for a single request (steady, and measured choices between near-equal wide arms wander with timing
+        noise) and the measured choice for several — verify rows are compute-bound there while an AR step's
+        rows share one weight stream, so the best width depends on this machine (docs/benchmarks.md)."""
+        if batch == 1 or self.block_size_schedule or self.adaptive is not None:
+            return self.scheduled_width(batch)
+        return None
 
     def scheduled_width(self, batch: int) -> int:
         """The schedule's width for `batch` rows (block_size_schedule, adaptive_width_cost)."""
