@@ -87,6 +87,45 @@ def test_greedy_heads_equal_the_torch_rules(seed):
             assert torch.equal(got, want[0]), (min_confidence, got, want)
 
 
+@pytest.mark.parametrize("seed", range(24))
+def test_sampled_verify_equals_the_lazy_torch_rule(seed, monkeypatch):
+    """verify_lazily at temperature > 0 for one sequence: the C++ verify (head chunks 2, 2, 4, ..., the
+    twin's rule by pointer) commits the tokens and accepted count of the chunked torch loop through the
+    kernels' switch, at several temperatures, with top-k / top-p, the mismatch anywhere."""
+    from dflash_trt.decoding.verify import verify_lazily
+    from dflash_trt.kernels import sample_tokens, verify_block
+
+    g = torch.Generator().manual_seed(seed)
+    hidden_size, vocab, width = 24, 60 + seed, 2 + seed % 15
+    head = nn.Linear(hidden_size, vocab, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(vocab, hidden_size, generator=g) * (0.5 + seed % 4))
+    hidden = torch.randn(1, width, hidden_size, generator=g)
+    sampling = (torch.tensor([(0.5, 1.0, 1.7)[seed % 3]]), torch.tensor([(0, 7)[seed % 2]]),
+                torch.tensor([(1.0, 0.8)[seed // 2 % 2]]), torch.tensor([seed * 1000 + 3]))
+    start = torch.tensor([11 + seed])
+    calls = []
+    real = cpu_ops.sampled_verify
+    monkeypatch.setattr(cpu_ops, "sampled_verify", lambda *a: calls.append(1) or real(*a))
+    with torch.inference_mode():
+        logits = F.linear(hidden[0], head.weight)
+        positions = start + 1 + torch.arange(width)
+        truth = sample_tokens(cpu_ops.head_matmul(hidden[0].contiguous(), head), positions,
+                              *(x.repeat(width) for x in sampling))
+        drafts = truth[None, :-1].clone()
+        cut = int(torch.randint(0, width, (1,), generator=g))
+        if cut < width - 1:
+            drafts[0, cut] = (drafts[0, cut] + 1) % vocab
+        got = verify_lazily(hidden, head, drafts, start, *sampling, verify=verify_block)
+        with pytest.MonkeyPatch.context() as m:  # the chunked torch loop (the same head panels, the same switch)
+            m.setattr(cpu_ops, "head_ready", lambda *a: False)
+            want = verify_lazily(hidden, head, drafts, start, *sampling, verify=verify_block)
+    a = int(want[1][0])
+    assert calls == [1] and logits.shape == (width, vocab)
+    assert int(got[1][0]) == a == min(cut, width - 1) and torch.equal(got[0][0, : a + 1], want[0][0, : a + 1])
+    assert torch.equal(got[0][0, : a + 1], truth[: a + 1])
+
+
 def test_rms_norm_equals_torch_and_steps_aside_for_autograd():
     from dflash_trt.model.layers import RMSNorm
 

@@ -50,6 +50,17 @@ def verify_block(
     return tokens, accept_length(drafts, tokens)
 
 
+SAMPLED_FIRST = 2  # rows of a sampled row's first head chunk in the C++ verify (greedy: `first`)
+
+
+def _twin_rule(verify, hidden: torch.Tensor) -> bool:
+    """Whether `verify` is the kernels' switch and it runs the C++ twin for these rows (the C++ verify
+    reaches the same twin, so it picks the same tokens)."""
+    from dflash_trt.kernels import verify as kernels
+
+    return verify is kernels.verify_block and kernels.resolve_impl(hidden, True) == "twin"
+
+
 def verify_lazily(
     hidden: torch.Tensor,  # [B, K+1, H] final-norm hidden states over [bonus, d_1 .. d_K]
     lm_head,  # [N, H] -> [N, V]
@@ -65,12 +76,18 @@ def verify_lazily(
     has a mismatch, later rows are not computed. Each row's token is the sampling rule applied to
     that row's logits alone, so the tokens that matter — t_0 .. t_a of every row — are the ones
     `verify_block` returns. Entries after t_a are unspecified (-1 where never computed).
-    One greedy sequence on CPU runs the same in C++ (`cpu_ops.greedy_verify`; the rule is argmax).
+    One sequence on CPU runs the same in C++: greedy (`cpu_ops.greedy_verify`; the rule is argmax), sampled
+    through the kernels' switch where it runs the twin (`cpu_ops.sampled_verify`, the twin's rule by pointer).
     """
     b, width, h = hidden.shape
-    if cpu_ops.head_ready(hidden, lm_head) and float(sampling[0][0]) == 0.0:  # one greedy row
-        row_tokens, a = cpu_ops.greedy_verify(hidden[0], lm_head, drafts[0], first)
-        return row_tokens[None], torch.tensor([a])
+    if cpu_ops.head_ready(hidden, lm_head):  # one row on CPU
+        if float(sampling[0][0]) == 0.0:
+            row_tokens, a = cpu_ops.greedy_verify(hidden[0], lm_head, drafts[0], first)
+            return row_tokens[None], torch.tensor([a])
+        if _twin_rule(verify, hidden):  # sampled: rows 2 at a time (a sampled draft is rarely accepted)
+            rule = tuple(float(x[0]) if x.is_floating_point() else int(x[0]) for x in sampling)
+            row_tokens, a = cpu_ops.sampled_verify(hidden[0], lm_head, drafts[0], SAMPLED_FIRST, rule, int(start[0]))
+            return row_tokens[None], torch.tensor([a])
     tokens = torch.full((b, width), -1, dtype=torch.int64, device=hidden.device)
     matched = torch.ones(b, dtype=torch.bool, device=hidden.device)  # every draft so far accepted
     accepted = torch.zeros(b, dtype=torch.int64, device=hidden.device)

@@ -303,9 +303,4 @@ class DraftStep:
         return drafts[:kept]
 
     def _sampling(self, start: int, temperature: float, top_k: int, top_p: float, seed: int) -> cpu_ops.SamplingArgs:
-        from dflash_trt.kernels import twin  # the sampling rule's C++ twin (its own build: no FMA contraction)
-
-        vocab_ids = self.keep[-1]
-        return cpu_ops.SamplingArgs(ctypes.cast(twin.library().dfv_twin_sample_rows, ctypes.c_void_p).value,
-                                    None if vocab_ids is None else vocab_ids.data_ptr(), temperature, top_k, top_p,
-                                    seed, start + 1)
+        return cpu_ops.sampling_args((temperature, top_k, top_p, seed), start + 1, self.keep[-1])

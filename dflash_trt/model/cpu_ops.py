@@ -72,6 +72,7 @@ _SIGNATURES = {  # name: (restype, argtypes)
     "dfl_draft_step": (_i32, [ctypes.POINTER(DraftStepArgs), _p, _i32, _p, _i32, _p, _p, _p, _p, _i64, _i64, _i64, _i32,
                               ctypes.c_float, ctypes.POINTER(SamplingArgs), _p, _p]),
     "dfl_sampled_trust": (None, [_p, _i32, _i32, _p, _p, _p]),
+    "dfl_sampled_verify": (_i32, [_p, _i32, _i32, _p, _i32, _p, _i32, ctypes.POINTER(SamplingArgs), _p]),
 }
 
 
@@ -226,6 +227,34 @@ def greedy_verify(hidden: torch.Tensor, head, drafts: torch.Tensor, first: int) 
     tokens = torch.full((hidden.shape[0],), -1, dtype=torch.int64)
     accepted = library().dfl_greedy_verify(hidden.data_ptr(), hidden.shape[0], hidden.shape[1], panels.data_ptr(),
                                            weight.shape[0], drafts.data_ptr(), first, tokens.data_ptr())
+    return tokens, accepted
+
+
+def sampling_args(rule: tuple, position: int, ids: torch.Tensor | None = None) -> SamplingArgs:
+    """One sampled row's rule (temperature > 0, top_k, top_p, seed) for the C++ heads, its first token at
+    `position`; the pick is the sampling rule's C++ twin (kernels/twin.py), reached by pointer."""
+    from dflash_trt.kernels import twin  # its own build: no FMA contraction
+
+    temperature, top_k, top_p, seed = rule
+    return SamplingArgs(ctypes.cast(twin.library().dfv_twin_sample_rows, ctypes.c_void_p).value,
+                        None if ids is None else ids.data_ptr(), temperature, top_k, top_p, seed, position)
+
+
+def sampled_verify(hidden: torch.Tensor, head, drafts: torch.Tensor, first: int, rule: tuple,
+                   start: int) -> tuple[torch.Tensor, int]:
+    """hidden [R, H] final-norm rows of [bonus, d_1 .. d_K] of one sampled row (`rule`: temperature > 0,
+    top_k, top_p, seed; the bonus at `start`), drafts [K] -> target tokens [R] (-1 after the first
+    mismatch) and the accepted count: sampled `verify_lazily` for one sequence, the rule the twin's."""
+    weight = head_weight(head)
+    panels = head_panels(head, weight)
+    hidden, drafts = hidden.contiguous(), drafts.to(torch.int64).contiguous()
+    tokens = torch.full((hidden.shape[0],), -1, dtype=torch.int64)
+    args = sampling_args(rule, start + 1)
+    accepted = library().dfl_sampled_verify(hidden.data_ptr(), hidden.shape[0], hidden.shape[1], panels.data_ptr(),
+                                            weight.shape[0], drafts.data_ptr(), first, ctypes.byref(args),
+                                            tokens.data_ptr())
+    if accepted < 0:
+        raise ValueError(f"dfl_sampled_verify rejected its rule {rule} (temperature must be > 0)")
     return tokens, accepted
 
 

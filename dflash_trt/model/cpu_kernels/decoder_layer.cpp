@@ -873,6 +873,41 @@ int32_t dfl_greedy_verify(const float* hidden, int32_t rows, int32_t h, const fl
   return rows - 1;
 }
 
+// Sampled verify of one block (spec.verify.verify_lazily for one row at temperature > 0): rows of hidden
+// [rows, h] through the head in chunks of first, first, 2 first, ...; row r's token is the sampling rule's
+// pick (`sampling`: the twin, position sampling->position + r) until a draft mismatches. tokens [rows] gets
+// the target's token of every row computed up to the first mismatch (the caller fills -1); returns the
+// number of accepted drafts (drafts [rows - 1]), or -1 without a rule.
+int32_t dfl_sampled_verify(const float* hidden, int32_t rows, int32_t h, const float* panels, int32_t vocab,
+                           const int64_t* drafts, int32_t first, const DflSampling* sampling, int64_t* tokens) {
+  if (!sampling || !sampling->sample_rows || !(sampling->temperature > 0.0f) || first < 1) return -1;
+  std::vector<float> logits;
+  std::vector<int64_t> positions, top_k, seed;
+  std::vector<float> temperature, top_p;
+  int lo = 0, size = first;
+  while (lo < rows) {
+    const int hi = lo + size < rows ? lo + size : rows, n = hi - lo;
+    logits.resize(static_cast<size_t>(n) * vocab);
+    matmul_panels(hidden + static_cast<size_t>(lo) * h, n, h, panels, vocab, logits.data());
+    positions.resize(n);
+    for (int r = 0; r < n; ++r) positions[r] = sampling->position + lo + r;
+    top_k.assign(n, sampling->top_k);
+    seed.assign(n, sampling->seed);
+    temperature.assign(n, sampling->temperature);
+    top_p.assign(n, sampling->top_p);
+    sampling->sample_rows(logits.data(), 0, n, vocab, positions.data(), temperature.data(), top_k.data(), top_p.data(),
+                          seed.data(), sampling->ids, tokens + lo);
+    for (int r = lo; r < hi; ++r)
+      if (r == rows - 1 || drafts[r] != tokens[r]) {
+        for (int rest = r + 1; rest < hi; ++rest) tokens[rest] = -1;  // past the mismatch: not the caller's
+        return r;
+      }
+    size = lo ? 2 * size : size;
+    lo = hi;
+  }
+  return rows - 1;
+}
+
 // Greedy drafts of one block with the confidence cut (model.draft_heads.confident_drafts for one row):
 // tokens [k] = argmax of each slot's head row (indices into the head's rows). With log_floor = -inf
 // every slot is kept; otherwise slots are read in chunks (first, then the rest) and the drafts stop
