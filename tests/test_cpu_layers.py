@@ -157,6 +157,33 @@ def test_last_layer_rows_in_stages_equal_the_whole_pass(target):
     assert not torch.equal(x[:2], whole[0][:2]) and torch.equal(x[2:5], whole[0][2:5])
 
 
+def _draft_block_both_ways(draft, target, seed: int, min_confidence: float, sampling=None) -> list[tuple]:
+    """One random block (contexts whose scale ranges the drafter's confidence with `seed`) drafted by a
+    whole pass then `propose`, and by `draft_block`: [(drafts, draft K, draft V)] in that order."""
+    q = draft.config.block_size
+    n_taps = len(draft.config.target_layer_ids) * target.config.dims.hidden_size
+    g = torch.Generator().manual_seed(seed)
+    target_hidden = torch.randn(1, 40, n_taps, generator=g) * (0.2 + seed / 4)  # a range of confidences
+    bonus = torch.randint(0, 256, (1, 1), generator=g)
+    block = target.embed(torch.cat([bonus, torch.full((1, q - 1), draft.config.mask_token_id)], 1))
+    results = []
+    for one_call in (False, True):
+        cache, slots = draft.new_cache(2, 64), torch.tensor([1])
+        with torch.inference_mode():
+            draft.append_context(target_hidden[:, :20], torch.arange(20)[None], cache, slots)
+            context = (target_hidden[:, 20:24], torch.arange(20, 24)[None], None) if seed % 3 else None
+            start = 24 if seed % 3 else 20
+            positions = torch.arange(start, start + q)[None]
+            if one_call:
+                drafts = draft.draft_block(block, positions, cache, slots, context, target.lm_head, min_confidence,
+                                           sampling)
+            else:
+                hidden = draft(block, positions, cache, slots, context)
+                drafts = draft.propose(hidden[:, 1:], target.lm_head, min_confidence, positions[:, 0], sampling)
+        results.append((drafts, cache.k[:, 1, :, : 24 + q].clone(), cache.v[:, 1, :, : 24 + q].clone()))
+    return results
+
+
 @pytest.mark.parametrize("min_confidence", [0.0, 1e-300, 1e-9, 0.02, 0.3])
 @pytest.mark.parametrize("draft_vocab", [None, 200])
 def test_one_call_draft_block_equals_forward_then_propose(loaded_tiny_pair, monkeypatch, min_confidence, draft_vocab):
@@ -176,28 +203,9 @@ def test_one_call_draft_block_equals_forward_then_propose(loaded_tiny_pair, monk
     draft, target = loaded_tiny_pair.draft, loaded_tiny_pair.target
     draft.use_vocab(None if draft_vocab is None else list(range(3, 3 + draft_vocab)), target.lm_head)
     q = draft.config.block_size
-    n_taps = len(draft.config.target_layer_ids) * target.config.dims.hidden_size
     try:
         for seed in range(12):
-            g = torch.Generator().manual_seed(seed)
-            target_hidden = torch.randn(1, 40, n_taps, generator=g) * (0.2 + seed / 4)  # a range of confidences
-            bonus = torch.randint(0, 256, (1, 1), generator=g)
-            block = target.embed(torch.cat([bonus, torch.full((1, q - 1), draft.config.mask_token_id)], 1))
-            results = []
-            for one_call in (False, True):
-                cache, slots = draft.new_cache(2, 64), torch.tensor([1])
-                with torch.inference_mode():
-                    draft.append_context(target_hidden[:, :20], torch.arange(20)[None], cache, slots)
-                    context = (target_hidden[:, 20:24], torch.arange(20, 24)[None], None) if seed % 3 else None
-                    start = 24 if seed % 3 else 20
-                    positions = torch.arange(start, start + q)[None]
-                    if one_call:
-                        drafts = draft.draft_block(block, positions, cache, slots, context, target.lm_head,
-                                                   min_confidence)
-                    else:
-                        hidden = draft(block, positions, cache, slots, context)
-                        drafts = draft.propose(hidden[:, 1:], target.lm_head, min_confidence)
-                results.append((drafts, cache.k[:, 1, :, : 24 + q].clone(), cache.v[:, 1, :, : 24 + q].clone()))
+            results = _draft_block_both_ways(draft, target, seed, min_confidence)
             for got, want in zip(results[1], results[0]):
                 assert torch.equal(got, want)
     finally:
@@ -234,32 +242,12 @@ def test_one_call_sampled_draft_block_equals_forward_then_propose(loaded_tiny_pa
     ids = None if draft_vocab is None else torch.randperm(target.config.vocab_size, generator=torch.Generator().manual_seed(3))[:draft_vocab]
     draft.use_vocab(None if ids is None else ids.tolist(), target.lm_head)
     q = draft.config.block_size
-    n_taps = len(draft.config.target_layer_ids) * target.config.dims.hidden_size
     kept = []
     try:
         for seed in range(12):
-            g = torch.Generator().manual_seed(seed)
-            target_hidden = torch.randn(1, 40, n_taps, generator=g) * (0.2 + seed / 4)
-            bonus = torch.randint(0, 256, (1, 1), generator=g)
-            block = target.embed(torch.cat([bonus, torch.full((1, q - 1), draft.config.mask_token_id)], 1))
             sampling = (torch.tensor([(0.7, 1.0, 1.5)[seed % 3]]), torch.tensor([(0, 40)[seed % 2]]),
                         torch.tensor([(1.0, 0.9)[seed // 2 % 2]]), torch.tensor([seed * 7919 - 5]))
-            results = []
-            for one_call in (False, True):
-                cache, slots = draft.new_cache(2, 64), torch.tensor([1])
-                with torch.inference_mode():
-                    draft.append_context(target_hidden[:, :20], torch.arange(20)[None], cache, slots)
-                    context = (target_hidden[:, 20:24], torch.arange(20, 24)[None], None) if seed % 3 else None
-                    start = 24 if seed % 3 else 20
-                    positions = torch.arange(start, start + q)[None]
-                    if one_call:
-                        drafts = draft.draft_block(block, positions, cache, slots, context, target.lm_head,
-                                                   min_confidence, sampling)
-                    else:
-                        hidden = draft(block, positions, cache, slots, context)
-                        drafts = draft.propose(hidden[:, 1:], target.lm_head, min_confidence, positions[:, 0],
-                                               sampling)
-                results.append((drafts, cache.k[:, 1, :, : 24 + q].clone(), cache.v[:, 1, :, : 24 + q].clone()))
+            results = _draft_block_both_ways(draft, target, seed, min_confidence, sampling)
             for got, want in zip(results[1], results[0]):
                 assert torch.equal(got, want), seed
             kept.append(results[0][0].numel())

@@ -57,25 +57,39 @@ def _python_path(fn):
         return fn()
 
 
+def _head_and_rows(seed: int, vocab: int):
+    """A random bias-free head (its scale ranging with `seed`) and one sequence's rows -> (generator, head,
+    hidden [1, width, 24], width)."""
+    g = torch.Generator().manual_seed(seed)
+    hidden_size, width = 24, 2 + seed % 15
+    head = nn.Linear(hidden_size, vocab, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(vocab, hidden_size, generator=g) * (0.5 + seed % 4))
+    return g, head, torch.randn(1, width, hidden_size, generator=g), width
+
+
+def _drafts_with_a_mismatch(tokens: torch.Tensor, g, width: int, vocab: int) -> tuple[torch.Tensor, int]:
+    """drafts [1, width - 1] = `tokens` [width - 1] but one, changed at a random slot (none when it falls past
+    the block) -> (drafts, that slot)."""
+    drafts = tokens[None].clone()
+    cut = int(torch.randint(0, width, (1,), generator=g))
+    if cut < width - 1:
+        drafts[0, cut] = (drafts[0, cut] + 1) % vocab
+    return drafts, cut
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_greedy_heads_equal_the_torch_rules(seed):
     """verify_lazily (temperature 0) and confident_drafts for one sequence, C++ vs torch."""
     from dflash_trt.decoding.verify import verify_lazily
     from dflash_trt.model.draft_heads import confident_drafts
 
-    g = torch.Generator().manual_seed(seed)
-    hidden_size, vocab, width = 24, 50 + seed, 2 + seed % 15
-    head = nn.Linear(hidden_size, vocab, bias=False)
-    with torch.no_grad():
-        head.weight.copy_(torch.randn(vocab, hidden_size, generator=g) * (0.5 + seed % 4))
-    hidden = torch.randn(1, width, hidden_size, generator=g)
+    vocab = 50 + seed
+    g, head, hidden, width = _head_and_rows(seed, vocab)
     sampling = (torch.zeros(1), torch.zeros(1, dtype=torch.int64), torch.ones(1), torch.zeros(1, dtype=torch.int64))
     with torch.inference_mode():
         truth = F.linear(hidden, head.weight).argmax(-1)
-        drafts = truth[:, 1:].clone()
-        cut = int(torch.randint(0, width, (1,), generator=g))
-        if cut < width - 1:
-            drafts[0, cut] = (drafts[0, cut] + 1) % vocab
+        drafts, _ = _drafts_with_a_mismatch(truth[0, 1:], g, width, vocab)
         got = verify_lazily(hidden, head, drafts, torch.tensor([7]), *sampling)
         want = _python_path(lambda: verify_lazily(hidden, head, drafts, torch.tensor([7]), *sampling))
         a = int(want[1][0])
@@ -95,12 +109,8 @@ def test_sampled_verify_equals_the_lazy_torch_rule(seed, monkeypatch):
     from dflash_trt.decoding.verify import verify_lazily
     from dflash_trt.kernels import sample_tokens, verify_block
 
-    g = torch.Generator().manual_seed(seed)
-    hidden_size, vocab, width = 24, 60 + seed, 2 + seed % 15
-    head = nn.Linear(hidden_size, vocab, bias=False)
-    with torch.no_grad():
-        head.weight.copy_(torch.randn(vocab, hidden_size, generator=g) * (0.5 + seed % 4))
-    hidden = torch.randn(1, width, hidden_size, generator=g)
+    vocab = 60 + seed
+    g, head, hidden, width = _head_and_rows(seed, vocab)
     sampling = (torch.tensor([(0.5, 1.0, 1.7)[seed % 3]]), torch.tensor([(0, 7)[seed % 2]]),
                 torch.tensor([(1.0, 0.8)[seed // 2 % 2]]), torch.tensor([seed * 1000 + 3]))
     start = torch.tensor([11 + seed])
@@ -112,10 +122,7 @@ def test_sampled_verify_equals_the_lazy_torch_rule(seed, monkeypatch):
         positions = start + 1 + torch.arange(width)
         truth = sample_tokens(cpu_ops.head_matmul(hidden[0].contiguous(), head), positions,
                               *(x.repeat(width) for x in sampling))
-        drafts = truth[None, :-1].clone()
-        cut = int(torch.randint(0, width, (1,), generator=g))
-        if cut < width - 1:
-            drafts[0, cut] = (drafts[0, cut] + 1) % vocab
+        drafts, cut = _drafts_with_a_mismatch(truth[:-1], g, width, vocab)
         got = verify_lazily(hidden, head, drafts, start, *sampling, verify=verify_block)
         with pytest.MonkeyPatch.context() as m:  # the chunked torch loop (the same head panels, the same switch)
             m.setattr(cpu_ops, "head_ready", lambda *a: False)

@@ -53,14 +53,6 @@ def verify_block(
 SAMPLED_FIRST = 2  # rows of a sampled row's first head chunk in the C++ verify (greedy: `first`)
 
 
-def _twin_rule(verify, hidden: torch.Tensor) -> bool:
-    """Whether `verify` is the kernels' switch and it runs the C++ twin for these rows (the C++ verify
-    reaches the same twin, so it picks the same tokens)."""
-    from dflash_trt.kernels import verify as kernels
-
-    return verify is kernels.verify_block and kernels.resolve_impl(hidden, True) == "twin"
-
-
 def verify_lazily(
     hidden: torch.Tensor,  # [B, K+1, H] final-norm hidden states over [bonus, d_1 .. d_K]
     lm_head,  # [N, H] -> [N, V]
@@ -84,8 +76,10 @@ def verify_lazily(
         if float(sampling[0][0]) == 0.0:
             row_tokens, a = cpu_ops.greedy_verify(hidden[0], lm_head, drafts[0], first)
             return row_tokens[None], torch.tensor([a])
-        if _twin_rule(verify, hidden):  # sampled: rows 2 at a time (a sampled draft is rarely accepted)
-            rule = tuple(float(x[0]) if x.is_floating_point() else int(x[0]) for x in sampling)
+        from dflash_trt.kernels import verify as kernels  # the switch decoding loops pass as `verify`
+
+        # sampled, through the kernels' switch where it runs the twin: rows 2 at a time (rarely accepted)
+        if verify is kernels.verify_block and (rule := cpu_ops.twin_rule(sampling, hidden)) is not None:
             row_tokens, a = cpu_ops.sampled_verify(hidden[0], lm_head, drafts[0], SAMPLED_FIRST, rule, int(start[0]))
             return row_tokens[None], torch.tensor([a])
     tokens = torch.full((b, width), -1, dtype=torch.int64, device=hidden.device)

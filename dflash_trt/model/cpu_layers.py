@@ -127,11 +127,8 @@ def fixed_weights(fn):
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        token = _FIXED.set(_FIXED.get() if _FIXED.get() is not None else {})
-        try:
+        with weights_fixed_in(_FIXED.get() if _FIXED.get() is not None else {}):
             return fn(*args, **kwargs)
-        finally:
-            _FIXED.reset(token)
 
     return run
 
@@ -291,7 +288,7 @@ class DraftStep:
         drafts = torch.empty(width - 1, dtype=torch.int64)
         last_rows = ctypes.c_int32(0)
         floor = math.log(min_confidence) if min_confidence > 0.0 else -math.inf
-        rule = None if sampling is None else ctypes.byref(self._sampling(start, *sampling))
+        rule = None if sampling is None else ctypes.byref(cpu_ops.sampling_args(sampling, start + 1, self.keep[-1]))
         kept = cpu_ops.library().dfl_draft_step(
             self.pointer, block.data_ptr(), width, None if target_hidden is None else target_hidden.data_ptr(), n,
             cos.data_ptr(), sin.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(), cache.k[0].numel(), slot, start,
@@ -301,6 +298,3 @@ class DraftStep:
                              f"cache capacity {cache.capacity})")
         self.last_rows = last_rows.value
         return drafts[:kept]
-
-    def _sampling(self, start: int, temperature: float, top_k: int, top_p: float, seed: int) -> cpu_ops.SamplingArgs:
-        return cpu_ops.sampling_args((temperature, top_k, top_p, seed), start + 1, self.keep[-1])

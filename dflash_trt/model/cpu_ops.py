@@ -230,14 +230,31 @@ def greedy_verify(hidden: torch.Tensor, head, drafts: torch.Tensor, first: int) 
     return tokens, accepted
 
 
-def sampling_args(rule: tuple, position: int, ids: torch.Tensor | None = None) -> SamplingArgs:
-    """One sampled row's rule (temperature > 0, top_k, top_p, seed) for the C++ heads, its first token at
-    `position`; the pick is the sampling rule's C++ twin (kernels/twin.py), reached by pointer."""
+def twin_rule(sampling, rows: torch.Tensor) -> tuple | None:
+    """Row 0's (temperature, top_k, top_p, seed) of `sampling` ([B] tensors) as numbers where the kernels'
+    switch runs the sampling rule's C++ twin for these CPU `rows` (the C++ heads reach the same twin, so
+    they pick the same tokens); None where it runs another body."""
+    from dflash_trt.kernels.verify import resolve_impl
+
+    if resolve_impl(rows, True) != "twin":
+        return None
+    temperature, top_k, top_p, seed = sampling
+    return float(temperature[0]), int(top_k[0]), float(top_p[0]), int(seed[0])
+
+
+@functools.cache
+def _twin_sample_rows() -> int:
     from dflash_trt.kernels import twin  # its own build: no FMA contraction
 
+    return ctypes.cast(twin.library().dfv_twin_sample_rows, ctypes.c_void_p).value
+
+
+def sampling_args(rule: tuple, position: int, ids: torch.Tensor | None = None) -> SamplingArgs:
+    """One sampled row's rule (`twin_rule`) for the C++ heads, its first token at `position`; the pick is
+    the sampling rule's C++ twin (kernels/twin.py), reached by pointer."""
     temperature, top_k, top_p, seed = rule
-    return SamplingArgs(ctypes.cast(twin.library().dfv_twin_sample_rows, ctypes.c_void_p).value,
-                        None if ids is None else ids.data_ptr(), temperature, top_k, top_p, seed, position)
+    return SamplingArgs(_twin_sample_rows(), None if ids is None else ids.data_ptr(), temperature, top_k, top_p,
+                        seed, position)
 
 
 def sampled_verify(hidden: torch.Tensor, head, drafts: torch.Tensor, first: int, rule: tuple,

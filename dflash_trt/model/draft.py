@@ -335,19 +335,15 @@ class DFlashDraft(nn.Module):
                          min_confidence: float, sampling=None) -> torch.Tensor | None:
         """`draft_block` for one sequence through `cpu_layers.DraftStep`, or None where it does not
         apply: its context must be the run of positions right before its block, and a sampled row's
-        rule the C++ twin (`kernels.resolve_impl`; coupled drafts, as `propose` picks them)."""
+        rule the C++ twin (`cpu_ops.twin_rule`; coupled drafts, as `propose` picks them)."""
         b, q = block_positions.shape
         if not (b == 1 and self.full_attention and self.config.output_multiplier == 1.0
                 and not self.config.final_logit_softcapping and cpu_layers.eligible(block_positions, cache)):
             return None
-        rule = None
-        if any_sampled(sampling):
-            from dflash_trt.kernels.verify import resolve_impl
-
-            if resolve_impl(noise_embedding, True) != "twin":
-                return None
-            temperature, top_k, top_p, seed = sampling
-            rule = (float(temperature[0]), int(top_k[0]), float(top_p[0]), int(seed[0]))
+        sampled = any_sampled(sampling)
+        rule = cpu_ops.twin_rule(sampling, noise_embedding) if sampled else None
+        if sampled and rule is None:
+            return None
         plans = cpu_layers.plans(self.layers)
         vocab = self.vocab
         head, ids = (lm_head, None) if vocab is None else (vocab[1], vocab[0])

@@ -785,6 +785,15 @@ struct DflSampling {  // one sampled sequence's rule for its coupled drafts (mod
 
 namespace {
 
+// out[r] = the rule's pick for logits row r of [n, vocab] (fp32), the token at position + r.
+void sample_rows_at(const DflSampling* rule, const float* logits, int n, int vocab, int64_t position, int64_t* out) {
+  std::vector<int64_t> positions(n), top_k(n, rule->top_k), seed(n, rule->seed);
+  std::vector<float> temperature(n, rule->temperature), top_p(n, rule->top_p);
+  for (int r = 0; r < n; ++r) positions[r] = position + r;
+  rule->sample_rows(logits, 0, n, vocab, positions.data(), temperature.data(), top_k.data(), top_p.data(), seed.data(),
+                    rule->ids, out);
+}
+
 // The confidence cut over the draft slots read so far (dfl_greedy_drafts, dfl_draft_step): each
 // chunk of slots goes through the head; the running sum of log trusts carries over. A slot's token
 // is the argmax (greedy) or the sampling rule's pick with the request's noise (`sampling`: coupled
@@ -794,7 +803,6 @@ struct DraftCut {
   bool cut;  // log_floor > -inf and more than one slot: otherwise every slot is kept
   const DflSampling* sampling;
   float running = 0.0f;  // log trust of the slots of earlier chunks
-  bool read_before = false;
   std::vector<float> logits, scratch;
 
   DraftCut(float floor, int k, int vocab, const DflSampling* sampled = nullptr)
@@ -806,9 +814,10 @@ struct DraftCut {
   int read(const float* hidden, int lo, int hi, int h, const float* panels, int vocab, int64_t* tokens) {
     logits.resize(static_cast<size_t>(hi - lo) * vocab);
     matmul_panels(hidden, hi - lo, h, panels, vocab, logits.data());
-    if (sampling) pick_sampled(lo, hi, vocab, tokens);
+    if (sampling) sample_rows_at(sampling, logits.data(), hi - lo, vocab, sampling->position + lo, tokens + lo);
     // the running sums as torch's cumsum over the chunk (fp32 outputs of a double sum), plus the earlier
-    // chunks' total (one fp32 add), as the torch rules (confident_drafts, confident_prefix) add them up
+    // chunks' total (one fp32 add; + 0 for the first chunk changes no value the cut compares), as the torch
+    // rules (confident_drafts, confident_prefix) add them up
     int trusted = 0;
     double chunk = 0.0;
     float total = running;
@@ -819,21 +828,11 @@ struct DraftCut {
       chunk += sampling ? log_probability_at(row, vocab, static_cast<int>(tokens[r]), sampling->temperature,
                                              scratch.data())
                         : log_top_probability(row, vocab, scratch.data());
-      total = read_before ? static_cast<float>(chunk) + running : static_cast<float>(chunk);
+      total = static_cast<float>(chunk) + running;
       if (total >= log_floor && trusted == r - lo) ++trusted;
     }
     running = total;
-    read_before = true;
     return cut ? trusted : hi - lo;
-  }
-
-  void pick_sampled(int lo, int hi, int vocab, int64_t* tokens) {
-    const int n = hi - lo;
-    std::vector<int64_t> positions(n), top_k(n, sampling->top_k), seed(n, sampling->seed);
-    std::vector<float> temperature(n, sampling->temperature), top_p(n, sampling->top_p);
-    for (int r = 0; r < n; ++r) positions[r] = sampling->position + lo + r;
-    sampling->sample_rows(logits.data(), 0, n, vocab, positions.data(), temperature.data(), top_k.data(),
-                          top_p.data(), seed.data(), sampling->ids, tokens + lo);
   }
 };
 
@@ -882,21 +881,12 @@ int32_t dfl_sampled_verify(const float* hidden, int32_t rows, int32_t h, const f
                            const int64_t* drafts, int32_t first, const DflSampling* sampling, int64_t* tokens) {
   if (!sampling || !sampling->sample_rows || !(sampling->temperature > 0.0f) || first < 1) return -1;
   std::vector<float> logits;
-  std::vector<int64_t> positions, top_k, seed;
-  std::vector<float> temperature, top_p;
   int lo = 0, size = first;
   while (lo < rows) {
     const int hi = lo + size < rows ? lo + size : rows, n = hi - lo;
     logits.resize(static_cast<size_t>(n) * vocab);
     matmul_panels(hidden + static_cast<size_t>(lo) * h, n, h, panels, vocab, logits.data());
-    positions.resize(n);
-    for (int r = 0; r < n; ++r) positions[r] = sampling->position + lo + r;
-    top_k.assign(n, sampling->top_k);
-    seed.assign(n, sampling->seed);
-    temperature.assign(n, sampling->temperature);
-    top_p.assign(n, sampling->top_p);
-    sampling->sample_rows(logits.data(), 0, n, vocab, positions.data(), temperature.data(), top_k.data(), top_p.data(),
-                          seed.data(), sampling->ids, tokens + lo);
+    sample_rows_at(sampling, logits.data(), n, vocab, sampling->position + lo, tokens + lo);
     for (int r = lo; r < hi; ++r)
       if (r == rows - 1 || drafts[r] != tokens[r]) {
         for (int rest = r + 1; rest < hi; ++rest) tokens[rest] = -1;  // past the mismatch: not the caller's
