@@ -56,15 +56,25 @@ def test_adaptive_width_is_lossless_in_the_scheduler(loaded_tiny_pair):
 
 # --- measured widths (MeasuredWidth): committed tokens and step seconds, arm by arm --------------------
 
-def _simulate(mw, bands, tokens, seconds, steps=400, first_slow=None):
-    """Run `steps` steps of a batch in `bands` against a machine: `tokens(band, w)` committed per row,
-    `seconds(batch, w)` per step (`first_slow`: that arm's first step takes 3x); the widths chosen."""
+def _simulate(mw, bands, tokens, seconds, steps=400, first_slow=None, seed=0):
+    """Run `steps` steps of a batch in `bands` against a machine: `tokens(band, w)` committed per row on
+    average, `seconds(batch, w)` per step (`first_slow`: that arm's first step takes 3x); the widths chosen.
+    A row's accepted drafts are drawn: draft i is accepted (with all before it) with probability
+    tokens(band, i + 1) - tokens(band, i), so a wide step's rows say what narrower steps would commit."""
+    import random
+
+    rng = random.Random(seed)
+
+    def accepted(band, w):
+        u = rng.random()
+        return sum(u < tokens(band, i + 1) - tokens(band, i) for i in range(1, w))
+
     chosen = []
     for step in range(steps):
         w = mw.width(bands)
         t = seconds(len(bands), w) * (3 if w == first_slow and w not in chosen else 1)
         chosen.append(w)
-        mw.update(bands, [tokens(b, w) - 1 for b in bands], w, t)  # expected accepted drafts
+        mw.update(bands, [accepted(b, w) for b in bands], w, t)
     return chosen
 
 
@@ -83,18 +93,33 @@ def test_measured_width_keeps_the_best_arm_and_never_one_slower_than_ar():
     assert [temperature_band(t) for t in (0.0, 0.3, 0.5, 0.7, 1.0, 1.5)] == [0, 1, 1, 2, 2, 3]
     assert MeasuredWidth(16).arms == [1, 2, 4, 8, 16] and MeasuredWidth(6).arms == [1, 2, 4, 6]
 
-    def best(bands, seconds=_cpu_seconds):
-        return max((1, 2, 4, 8, 16), key=lambda w: sum(_tokens(b, w) for b in bands) / seconds(len(bands), w))
+    def value(bands, w, seconds=_cpu_seconds):
+        return sum(_tokens(b, w) for b in bands) / seconds(len(bands), w)
 
-    for bands in ([0], [0] * 8, [3], [3] * 4, [0, 3]):
-        chosen = _simulate(MeasuredWidth(16), bands, _tokens, _cpu_seconds)
-        tail = chosen[100:]
-        assert max(set(tail), key=tail.count) == best(bands), (bands, best(bands))
-    assert best([3]) == 1 and best([0] * 8) < best([0])  # hot sampling: AR steps; a busy CPU: narrower
+    def best(bands, seconds=_cpu_seconds):
+        return max((1, 2, 4, 8, 16), key=lambda w: value(bands, w, seconds))
+
+    def efficiency(bands, chosen, seconds=_cpu_seconds):  # throughput of the widths chosen / the best arm's
+        committed = sum(sum(_tokens(b, w) for b in bands) for w in chosen)
+        return committed / sum(seconds(len(bands), w) for w in chosen) / value(bands, best(bands, seconds), seconds)
+
     gpu = lambda batch, w: 0.010 + 1e-6 * batch * w  # noqa: E731  rows nearly free: the full block
-    assert max(set(c := _simulate(MeasuredWidth(16), [0], _tokens, gpu)[100:]), key=c.count) == 16
-    stranded = _simulate(MeasuredWidth(16), [0], _tokens, gpu, steps=1500, first_slow=16)  # a slow first sample fades
-    assert stranded[-50:].count(16) > 40
+    for bands, seconds in (([0], _cpu_seconds), ([0] * 8, _cpu_seconds), ([3], _cpu_seconds),
+                           ([3] * 4, _cpu_seconds), ([0, 3], _cpu_seconds), ([0], gpu)):
+        runs = [_simulate(MeasuredWidth(16), bands, _tokens, seconds, steps=600, seed=seed)[100:] for seed in range(3)]
+        # drawn acceptance is noisy: the arm in use is the best or one within the margin, explorations cost a
+        # little (always width 8 on the GPU would be 0.91, width 4 0.69, AR steps 0.25)
+        assert sum(efficiency(bands, tail, seconds) for tail in runs) / len(runs) > 0.95, bands
+        if best(bands, seconds) == 1:
+            assert all(tail.count(1) > 0.9 * len(tail) for tail in runs)
+    assert best([3]) == 1 and best([0] * 8) < best([0]) and best([0], gpu) == 16  # hot: AR; a busy CPU: narrower
+    timed = MeasuredWidth(8, explore_every=0)
+    for seconds in (0.03, 0.01):  # a first step 3x slow (a warm-up, a stall) and a normal one: the normal one
+        timed.update([0], [7], 8, seconds)
+    assert timed.seconds[1, 8, False] == 0.01
+    sure = lambda band, w: min(w, 12)  # noqa: E731  the first 11 drafts always accepted: no noise in the tokens
+    stranded = _simulate(MeasuredWidth(16), [0], sure, gpu, steps=1500, first_slow=16)  # a slow first sample fades
+    assert stranded[:100].count(16) < 10 and stranded[-200:].count(16) > 190
 
 
 def test_measured_width_is_lossless_in_the_scheduler_at_every_temperature(loaded_tiny_pair):
@@ -105,7 +130,7 @@ def test_measured_width_is_lossless_in_the_scheduler_at_every_temperature(loaded
         got = svc.generate(requests)
         assert [g.tokens for g in got] == [e.tokens for e in autoregressive_generate(loaded_tiny_pair.target, requests)]
         measured = svc.scheduler.measured
-        assert measured.steps > 0 and measured.seconds and measured.tokens
+        assert measured.steps > 0 and measured.seconds and measured.own and measured.position
     finally:
         svc.shutdown()
 
@@ -167,7 +192,7 @@ def test_measured_width_explores_by_closeness_and_shrugs_off_stalls():
     assert tail.count(1) / len(tail) > 0.95
     close = lambda band, w: 1 + 0.45 * (w > 1)  # noqa: E731  width 2 within a few % of AR
     near = _simulate(MeasuredWidth(16), [3], close, _cpu_seconds, steps=1200)[100:]
-    assert sum(w == 2 for w in near) >= 40 or near.count(2) > near.count(1)  # a near tie is rechecked often
+    assert near.count(2) >= 25 or near.count(2) > near.count(1)  # a near tie is rechecked often
 
 
 def test_auto_policy_keeps_the_schedule_for_greedy_batches_and_measures_sampled_ones(loaded_tiny_pair):
@@ -231,7 +256,7 @@ def test_a_backlog_step_is_not_timed_and_its_width_runs_again():
     mw.update([2], [0], 4, None)
     assert mw.seconds[1, 4, True] == 0.006 and mw.width([2]) == 4  # the probe
     mw.update([2], [0], 4, 0.005)
-    assert mw.seconds[1, 4, True] in (0.005, 0.006) and mw.width([2]) == 1  # back to the best
+    assert mw.seconds[1, 4, True] < 0.006 and mw.width([2]) == 1  # back to the best
 
 
 def test_a_well_timed_arm_explored_after_ar_steps_runs_once():
@@ -244,8 +269,8 @@ def test_a_well_timed_arm_explored_after_ar_steps_runs_once():
             mw.update([2], [0], w, 0.004 if w == 1 else 0.006)
     assert mw.width([2]) == 1
     mw.update([2], [1], 4, None)
-    assert mw.seconds[1, 4, True] == 0.006 and mw.width([2]) == 1  # no probe: back to the best at once
-    assert mw.tokens[2, 4] > 1.0  # the exploration's acceptance counted
+    assert abs(mw.seconds[1, 4, True] - 0.006) < 1e-12 and mw.width([2]) == 1  # no probe: back to the best at once
+    assert mw.own[2, 4][0] > mw.own[2, 4][1]  # the exploration's acceptance counted (mean tokens > 1)
 
 
 def test_a_draft_step_with_rejections_then_ar_steps_leaves_the_right_context():

@@ -325,9 +325,6 @@ class Scheduler:
         t2 = time.perf_counter()
         if self.adaptive is not None and drafts.shape[1]:
             self.adaptive.update(accepted.tolist(), drafts.shape[1])
-        if self.measured is not None:  # a draft pass that also stored AR steps' context: not timed (update)
-            backlog = width > 1 and getattr(self.draft, "backlog", False)
-            self.measured.update(bands, accepted.tolist(), width, None if backlog else t2 - t0)
         committed = accepted + 1
         new_start = start + committed
         self.target.commit(slots, new_start)
@@ -339,4 +336,8 @@ class Scheduler:
         for seq, row_tokens, a, s in zip(seqs, tokens.tolist(), accepted.tolist(), new_start.tolist()):
             seq.bonus, seq.start = row_tokens[a], s
             kept_per_row.append(self._commit(seq, row_tokens[: a + 1], a, drafts.shape[1]))
+        if self.measured is not None:  # the whole step, commit and streaming included; a draft pass that also
+            # stored AR steps' context is not timed (MeasuredWidth.update)
+            backlog = width > 1 and getattr(self.draft, "backlog", False)
+            self.measured.update(bands, accepted.tolist(), width, None if backlog else time.perf_counter() - t0)
         return t1 - t0, t2 - t1, kept_per_row, drafts.shape[1], accepted.tolist()
