@@ -175,10 +175,10 @@ def speculative_generate(
         keep_pending = step_width == 1 and bool(pending) and torch.equal(pending[-1][0], active)
         # backlog: this draft pass also stores AR steps' context, not just the last step's (as TorchDraftRunner)
         context, backlog = None, len(pending) > 1
+        t_draft = time.perf_counter()
         if not keep_pending:
             context, pending = draft.take_context(merge_context(pending), draft_cache, active), []
         block_start = start[active]  # [n] position of each bonus token
-        t_draft = time.perf_counter()
         if step_width == 1:  # plain AR steps while the policy keeps width 1: no draft pass (their context waits
             # in `pending`, stored by the next draft pass)
             steps, decided = _ar_steps(target, rows, active, active_ids, bands, row_params, bonus, start, target_cache,
@@ -216,7 +216,8 @@ def speculative_generate(
         committed = accepted + 1  # [n]
         accepted_list = _commit_step(rows, active, chosen, accepted, drafts, on_commit, bonus)
         if isinstance(width, MeasuredWidth):  # a backlog step is not this width's steady cost (update)
-            width.update(bands, accepted_list, step_width, None if backlog else time.perf_counter() - t_draft)
+            spent = time.perf_counter() - t_draft
+            width.update(bands, accepted_list, step_width, None if backlog else spent, spent)
         elif width is not None and drafts.shape[1]:
             width.update(accepted_list, drafts.shape[1])
 

@@ -78,11 +78,12 @@ class MeasuredWidth:
                           narrower arm, so a rarely run arm is not judged on a handful of its own steps
         own[band, w]      committed tokens per row per step of arm w itself (decayed mean and weight)
         seconds[B, w, s]  seconds of a step of B rows (draft + verify pass and the commit; s: some row samples,
-                          whose draft and verify passes cost more than greedy ones): the mean of its last
-                          `window` steps but those over twice their median (a shared machine's stalls are
-                          outliers, not the cost; the median alone would miss that a draft step costs more
-                          the more it accepts — on the shipped pair at T 1.0 a width-4 step's median is 13%
-                          under its mean)
+                          whose draft and verify passes cost more than greedy ones) over its last `window`
+                          steps: for AR steps (one row a request) the median (a shared machine's stalls, and
+                          a lone AR step among draft steps at ~2x, are outliers, not the cost); for draft
+                          steps, which verify 1..w rows as the confidence cut and acceptance go, the mean
+                          of those within twice the median (at T 1.0 a width-4 step's median is 13% under
+                          its mean)
 
     An arm's expected tokens per row are 1 + sum_{i<w} position[band, i] (the pooled estimate), moved
     towards its own mean as its own steps accumulate: `prior` own steps weigh as much as the pooled
@@ -104,7 +105,8 @@ class MeasuredWidth:
     """
 
     def __init__(self, max_width: int, decay: float = 0.99, explore_every: int = 12, margin: float = 0.05,
-                 window: int = 7, max_wait: int = 50, greedy=None, position_decay: float = 0.995, prior: float = 16.0):
+                 window: int = 7, max_wait: int = 50, greedy=None, position_decay: float = 0.995, prior: float = 16.0,
+                 explore_share: float = 0.03):
         if max_width < 2:
             raise ValueError(f"max_width must be >= 2, got {max_width}")
         self.max_width, self.decay, self.explore_every = max_width, decay, explore_every
@@ -123,6 +125,10 @@ class MeasuredWidth:
         # is noisy) unless it returns None; a batch with any sampled row takes the measured choice
         self.greedy = greedy
         self.probe: tuple | None = None  # (batch composition, width): run once more, its last step was not timed
+        # exploring spends at most `explore_share` of the time on what explorations lose to the best arm: `budget`
+        # (seconds) grows by that share of every step and pays each exploration's loss; `exploring` is the best
+        # arm's value (tokens / s) while an exploration (or its timing probe) runs
+        self.explore_share, self.budget, self.exploring, self.explored_best = explore_share, 0.0, None, None
         self.steps = 0
 
     @staticmethod
@@ -156,8 +162,11 @@ class MeasuredWidth:
         recent.append(seconds)
         del recent[: -self.window]
         middle = sorted(recent)[(len(recent) - 1) // 2]  # the lower middle: a stall only ever adds time
-        kept = [s for s in recent if s <= 2 * middle]  # a stall is an outlier, not the cost
-        self.seconds[key] = sum(kept) / len(kept)
+        if key[1] == 1:  # an AR step runs one row a request: one mode, and its outliers (a single AR step among
+            self.seconds[key] = middle  # draft steps takes ~2x on this CPU) are not its cost
+            return
+        kept = [s for s in recent if s <= 2 * middle]  # a draft step verifies 1..w rows (the confidence cut): the
+        self.seconds[key] = sum(kept) / len(kept)  # mean, but not a stall's
 
     def value(self, bands: list[int], width: int) -> float | None:
         """Expected committed tokens per second of a step at `width`, or None if not measured yet (nor
@@ -194,6 +203,7 @@ class MeasuredWidth:
         if self.probe is not None:
             probe, self.probe = self.probe, None
             if probe[0] == tuple(sorted(bands)):
+                self.exploring = self.explored_best
                 return probe[1]
         values = [self.value(bands, w) for w in self.arms]
         unmeasured = [w for w, v in zip(self.arms, values) if v is None]
@@ -211,10 +221,12 @@ class MeasuredWidth:
         if held is not None and values[held] * (1 + self.margin) >= values[best]:
             best = held
         self.held[key] = best
-        if self.explore_every and self.steps - self.last_explored.get(key, -self.explore_every) >= self.explore_every:
+        if (self.explore_every and self.budget >= 0
+                and self.steps - self.last_explored.get(key, -self.explore_every) >= self.explore_every):
             due = self._due(key, values, best)
             if due is not None:
                 self.last_explored[key] = self.steps
+                self.exploring = self.explored_best = values[best]
                 return self.arms[due]
         return self.arms[best]
 
@@ -231,12 +243,22 @@ class MeasuredWidth:
                 found, most = i, overdue
         return found
 
-    def update(self, bands: list[int], accepted: list[int], width: int, seconds: float | None) -> None:
+    def update(self, bands: list[int], accepted: list[int], width: int, seconds: float | None,
+               spent: float | None = None) -> None:
         """Fold one step in: each row's band and accepted drafts, the width it ran at, its seconds — None
         for a draft step that also stored the context of AR steps before it (a backlog a step of this
         width pays once on switching, not every step): not timed, and, while the arm has fewer than
         `window` timings, the same width runs once more to time it (an exploration of a well-timed arm
-        after AR steps is one draft step, not two: what it measures anew is acceptance)."""
+        after AR steps is one draft step, not two: what it measures anew is acceptance). `spent`: what the
+        step took, backlog included (default `seconds`): the exploration budget's currency — an exploration
+        after AR steps is a backlog step, on the shipped pair at T 1.5 ~2 AR steps for ~1.15 tokens, and four
+        arms each due every ~50 steps explored every 12th step: ~7% of the time."""
+        spent = seconds if spent is None else spent
+        if spent is not None:
+            self.budget = min(self.budget + self.explore_share * spent, 100 * self.explore_share * spent)
+            if self.exploring is not None:  # what this step lost to the best arm's tokens per second
+                self.budget -= max(spent - (len(accepted) + sum(accepted)) / max(self.exploring, 1e-12), 0.0)
+        self.exploring = None
         verified, width = width, min(self.arms, key=lambda w: abs(w - width))  # else the nearest arm counts
         key = self.cost_key(bands, width)
         if seconds is not None:

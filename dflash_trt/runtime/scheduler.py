@@ -338,6 +338,6 @@ class Scheduler:
             kept_per_row.append(self._commit(seq, row_tokens[: a + 1], a, drafts.shape[1]))
         if self.measured is not None:  # the whole step, commit and streaming included; a draft pass that also
             # stored AR steps' context is not timed (MeasuredWidth.update)
-            backlog = width > 1 and getattr(self.draft, "backlog", False)
-            self.measured.update(bands, accepted.tolist(), width, None if backlog else time.perf_counter() - t0)
+            backlog, spent = width > 1 and getattr(self.draft, "backlog", False), time.perf_counter() - t0
+            self.measured.update(bands, accepted.tolist(), width, None if backlog else spent, spent)
         return t1 - t0, t2 - t1, kept_per_row, drafts.shape[1], accepted.tolist()
