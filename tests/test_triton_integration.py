@@ -264,6 +264,27 @@ def test_served_bench_sweeps_both_models_and_writes_schema_and_plots(served, tmp
     _png_ok(out / "acceptance_histogram.png")
 
 
+def test_served_bench_rounds_alternate_the_models_and_pool_each_point(served, tmp_path):
+    """`bench --url --rounds 3`: each point sends its requests three times per model, DFlash and AR taking
+    turns first (A B, B A, A B), and pools them: three times the requests and tokens in one point each."""
+    from click.testing import CliRunner
+
+    from dflash_trt.bench.served import round_orders
+    from dflash_trt.cli import cli
+
+    assert round_orders(("dflash", "dflash_ar"), 3) == [("dflash", "dflash_ar"), ("dflash_ar", "dflash"),
+                                                        ("dflash", "dflash_ar")]
+    server, _, _ = served
+    out = tmp_path / "rounds"
+    result = CliRunner().invoke(cli, ["bench", "--url", server.grpc_url, "--concurrency", "1", "--num-prompts", "2",
+                                      "--max-new-tokens", "8", "--rounds", "3", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "results.json").read_text())
+    assert data["rounds"] == 3 and sorted(p["model"] for p in data["points"]) == ["dflash", "dflash_ar"]
+    for p in data["points"]:
+        assert p["requests"] == 2 * 3 and p["output_tokens"] == 2 * 3 * 8 and p["wall_s"] > 0
+
+
 def test_served_bench_takes_text_prompts(served, tmp_path):
     """`bench --url --prompts FILE` with text lines: the server tokenizes them (no tokenizer in served mode)."""
     from click.testing import CliRunner

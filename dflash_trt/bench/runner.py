@@ -92,7 +92,7 @@ def _compare_reference(pair, prompts, block_sizes, max_new_tokens, adaptive_cost
     return comparisons
 
 
-def run_served(url, prompts_path, num_prompts, levels, max_new_tokens, sampling, out_dir):
+def run_served(url, prompts_path, num_prompts, levels, max_new_tokens, sampling, out_dir, rounds: int = 1):
     from rich.progress import Progress
 
     prompts = load_prompts(prompts_path, None, num_prompts, served=True)
@@ -101,10 +101,10 @@ def run_served(url, prompts_path, num_prompts, levels, max_new_tokens, sampling,
             task = progress.add_task(name, total=total)
             return lambda: progress.advance(task)
 
-        points = sweep(url, prompts, levels, max_new_tokens, sampling, progress_factory=factory)
+        points = sweep(url, prompts, levels, max_new_tokens, sampling, progress_factory=factory, rounds=rounds)
     ratios = scaling(points)
     report.print_served(points, ratios)
-    out = _write(out_dir, _header("served", url=url, max_new_tokens=max_new_tokens, sampling=sampling,
+    out = _write(out_dir, _header("served", url=url, max_new_tokens=max_new_tokens, sampling=sampling, rounds=rounds,
                                   points=[p.to_dict() for p in points], dflash_scaling_vs_c1=ratios))
     plots.pareto_plot([p for p in points if p.temperature == points[0].temperature], out / "pareto.png")
     block = max((max(p.acceptance_lengths, default=1) for p in points), default=1)

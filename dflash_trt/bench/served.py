@@ -66,6 +66,13 @@ def _point(model: str, concurrency: int, results: list[ServedResult], wall: floa
 def run_point(url: str, model: str, prompts: list, concurrency: int, max_new_tokens: int, sampling: dict,
               progress=None) -> ServedPoint:
     """Send every prompt once with `concurrency` in flight; one measured point."""
+    results, wall = _send(url, model, prompts, concurrency, max_new_tokens, sampling, progress)
+    return _point(model, concurrency, results, wall, sampling.get("temperature", 0.0))
+
+
+def _send(url: str, model: str, prompts: list, concurrency: int, max_new_tokens: int, sampling: dict,
+          progress=None) -> tuple[list[ServedResult], float]:
+    """Every prompt once with `concurrency` in flight: the results and the wall seconds."""
     def one(item):
         i, prompt = item
         ids = prompt if isinstance(prompt, list) else None
@@ -80,22 +87,37 @@ def run_point(url: str, model: str, prompts: list, concurrency: int, max_new_tok
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(one, enumerate(prompts)))
-    return _point(model, concurrency, results, time.perf_counter() - t0, sampling.get("temperature", 0.0))
+    return results, time.perf_counter() - t0
+
+
+def round_orders(models: tuple[str, ...], rounds: int) -> list[tuple[str, ...]]:
+    """The models' order in each round: forwards, then backwards, ... (A B, B A, A B, ...), so a machine
+    whose speed drifts over a point's minutes favours neither model."""
+    return [tuple(models) if r % 2 == 0 else tuple(reversed(models)) for r in range(rounds)]
 
 
 def sweep(url: str, prompts: list, levels: list[int], max_new_tokens: int, sampling: dict,
-          models: tuple[str, ...] = ("dflash", "dflash_ar"), progress_factory=None) -> list[ServedPoint]:
-    """Every (temperature, concurrency, model) point; `sampling["temperatures"]` (or one "temperature")."""
+          models: tuple[str, ...] = ("dflash", "dflash_ar"), progress_factory=None, rounds: int = 1) -> list[ServedPoint]:
+    """Every (temperature, concurrency, model) point; `sampling["temperatures"]` (or one "temperature").
+    `rounds` > 1: each point's requests are sent `rounds` times per model, the models alternating in
+    order (`round_orders`); a point pools its rounds (tokens over summed wall seconds, every request's
+    TTFT / TPOT). One round measures DFlash first, then AR: on a shared VM whose speed drifts by 10-20%
+    over minutes, that order alone moves a ratio by as much."""
     points = []
     temperatures = sampling.get("temperatures") or [sampling.get("temperature", 0.0)]
     for temperature in temperatures:
         one = {"seed": sampling.get("seed", 0), "temperature": temperature}
         for concurrency in levels:
             batch = (prompts * (1 + (2 * concurrency) // max(1, len(prompts))))[: max(len(prompts), 2 * concurrency)]
-            for model in models:
-                name = f"{model} c={concurrency}" + (f" T={temperature:g}" if len(temperatures) > 1 else "")
-                tick = progress_factory(name, len(batch)) if progress_factory else None
-                points.append(run_point(url, model, batch, concurrency, max_new_tokens, one, tick))
+            pooled = {model: ([], 0.0) for model in models}
+            for order in round_orders(models, rounds):
+                for model in order:
+                    name = f"{model} c={concurrency}" + (f" T={temperature:g}" if len(temperatures) > 1 else "")
+                    tick = progress_factory(name, len(batch)) if progress_factory else None
+                    results, wall = _send(url, model, batch, concurrency, max_new_tokens, one, tick)
+                    pooled[model] = (pooled[model][0] + results, pooled[model][1] + wall)
+            points += [_point(model, concurrency, results, wall, temperature)
+                       for model, (results, wall) in pooled.items()]
     return points
 
 

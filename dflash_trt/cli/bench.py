@@ -41,11 +41,14 @@ from dflash_trt.cli.types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, FLOAT_LIST, INT_
               help="Served mode: agent chains of this many dependent calls (each prompt carries the previous "
                    "answer); --concurrency is then the number of chains side by side. End-to-end chain latency, "
                    "DFlash vs AR.")
+@click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Served mode: send each point's requests this many times per model, the models alternating "
+                   "in order (A B, B A, ...), pooled per point: a drifting machine then favours neither.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
               help="Folder for results.json and the PNG plots.")
 def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, concurrency, max_new_tokens,
                   temperatures, seed, device, threads, adaptive_cost, width_policy, draft_vocab, draft_confidence, reference,
-                  chain_calls, out_dir):
+                  chain_calls, rounds, out_dir):
     """Same prompts, both ways, in one run: τ, per-position acceptance, tokens/s, TTFT/TPOT, speed-up.
 
     Local: batch-1 decoding on the torch runtime for each block size. Served (--url): a concurrency
@@ -78,7 +81,7 @@ def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, co
                           out_dir)
     elif url:
         num_prompts = num_prompts or max(16, 4 * max(concurrency))
-        runner.run_served(url, prompts_path, num_prompts, concurrency, max_new_tokens, sampling, out_dir)
+        runner.run_served(url, prompts_path, num_prompts, concurrency, max_new_tokens, sampling, out_dir, rounds)
     else:
         runner.run_local(target, draft, prompts_path, num_prompts or 16, block_sizes, max_new_tokens, sampling, device,
                          out_dir, adaptive_cost, reference, draft_confidence, draft_vocab, width_policy)
