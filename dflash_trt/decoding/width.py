@@ -181,10 +181,13 @@ class MeasuredWidth:
         return sum(tokens) / max(seconds, 1e-9)
 
     def estimated_seconds(self, key: tuple[int, int, bool]) -> float | None:
-        """A step's seconds at a row count not yet timed at this width: the width's cost relative to an AR
-        step at the nearest row count timed both ways, times this row count's AR step. A server's batch
-        size wanders (requests come and go) and timing every arm at every size first would run each
-        hopeless wide arm once per size; estimated, an arm is timed when exploration finds it close."""
+        """A step's seconds at a row count not yet timed at this width, from the nearest row count timed both
+        ways: the larger of its cost relative to an AR step there times this row count's AR step, and this
+        row count's AR step plus the extra seconds there per row times these rows (a draft step's extra
+        verify rows and draft pass grow with the rows, an AR step's one shared weight stream does not: from
+        one row, the ratio alone priced a 4-row width-4 step at ~1.4 AR steps where it costs ~2). A
+        server's batch size wanders (requests come and go) and timing every arm at every size first would
+        run each hopeless wide arm once per size; estimated, an arm is timed when exploration finds it close."""
         rows, width, sampled = key
         ar = self.seconds.get((rows, 1, sampled))
         if width == 1 or ar is None:
@@ -193,7 +196,8 @@ class MeasuredWidth:
         if not known:
             return None
         near = min(known, key=lambda n: (abs(n - rows), n))
-        return self.seconds[near, width, sampled] / self.seconds[near, 1, sampled] * ar
+        there, there_ar = self.seconds[near, width, sampled], self.seconds[near, 1, sampled]
+        return max(there / there_ar * ar, ar + max(there - there_ar, 0.0) * rows / near)
 
     def width(self, bands: list[int]) -> int:
         if not bands:
