@@ -181,10 +181,17 @@ def test_client_that_disconnects_mid_stream_frees_its_slot(served):
 def test_metrics_report_acceptance_and_step_times(served):
     server, _, _ = served
     grpc_generate(server.grpc_url, request_inputs(PROMPTS[0], max_tokens=32))
+    deadline = time.time() + 10  # metric updates go through the emitter thread: the last step's may trail the reply
+    while _metric(server, "dflash_generated_tokens_total") < 32 and time.time() < deadline:
+        time.sleep(0.1)
     assert _metric(server, "dflash_generated_tokens_total") >= 32
     assert _metric(server, "dflash_acceptance_length_count") >= 1
     assert _metric(server, "dflash_verify_step_seconds_count") >= 1
     assert _metric(server, "dflash_draft_step_seconds_sum") > 0
+    # the width policy's choices: one observation per decode step, a greedy request alone drafts (full blocks)
+    count, total = 'dflash_verify_width_count{model="dflash"}', 'dflash_verify_width_sum{model="dflash"}'
+    steps, verified = _metric(server, count), _metric(server, total)
+    assert steps >= 1 and verified / steps > 1
 
 
 def test_speculative_decoding_counters_follow_vllms_names(served):

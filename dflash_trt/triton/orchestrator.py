@@ -37,6 +37,8 @@ class Metrics:
             "acceptance": fam("dflash_acceptance_length", "Tokens committed per verify step", fam.HISTOGRAM),
             "draft": fam("dflash_draft_step_seconds", "Draft pass time per decode step", fam.HISTOGRAM),
             "verify": fam("dflash_verify_step_seconds", "Verify pass time per decode step", fam.HISTOGRAM),
+            "width": fam("dflash_verify_width", "Tokens verified per row in a decode step, after the confidence "
+                         "cut (1: a plain autoregressive step; the width policy's choices)", fam.HISTOGRAM),
             "tokens": fam("dflash_generated_tokens_total", "Tokens generated", fam.COUNTER),
             "batch": fam("dflash_batch_size", "Requests in the last decode step", fam.GAUGE),
             "running": fam("dflash_requests_running", "Requests holding a decode slot", fam.GAUGE),
@@ -59,6 +61,7 @@ class Metrics:
         self.acceptance = self.families["acceptance"].Metric(labels=labels, buckets=lengths)
         self.draft_s = self.families["draft"].Metric(labels=labels, buckets=TIME_BUCKETS)
         self.verify_s = self.families["verify"].Metric(labels=labels, buckets=TIME_BUCKETS)
+        self.width = self.families["width"].Metric(labels=labels, buckets=lengths)
         self.tokens = self.families["tokens"].Metric(labels=labels)
         self.batch = self.families["batch"].Metric(labels=labels)
         self.running = self.families["running"].Metric(labels=labels)
@@ -78,7 +81,7 @@ class Metrics:
     def release(self) -> None:
         """Drop every Metric, then the families: a family must outlive its metrics, and both must go
         while the stub is still connected (not at interpreter exit)."""
-        for name in ("acceptance", "draft_s", "verify_s", "tokens", "batch", "running", "waiting", "restarts",
+        for name in ("acceptance", "draft_s", "verify_s", "width", "tokens", "batch", "running", "waiting", "restarts",
                      "drafts", "draft_tokens", "accepted", "per_pos", "outcomes"):
             setattr(self, name, None)
         self.families.clear()
@@ -96,6 +99,7 @@ class Metrics:
             return
         self.draft_s.observe(step.draft_s)
         self.verify_s.observe(step.verify_s)
+        self.width.observe(float(step.drafts + 1))
         self.batch.set(float(step.batch))
         for n in step.committed:
             if n:
