@@ -20,24 +20,22 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_ar_floor import ForcedWidth  # noqa: E402  (this folder: every step at one width)
+
 from dflash_trt.bench.local import load_prompts  # noqa: E402
 from dflash_trt.decoding.decode import speculative_generate  # noqa: E402
 from dflash_trt.decoding.requests import Request, StopCriteria  # noqa: E402
 from dflash_trt.decoding.sampling import SamplingParams  # noqa: E402
-from dflash_trt.decoding.width import MeasuredWidth  # noqa: E402
 from dflash_trt.engine.config import ASSETS  # noqa: E402
 from dflash_trt.runtime.local import apply_draft_vocab, load_pair  # noqa: E402
 
 
-class Forced(MeasuredWidth):
+class Forced(ForcedWidth):
     """Every step at one width; records each step's accepted drafts."""
 
     def __init__(self, block_size: int, forced: int):
-        super().__init__(block_size)
-        self.forced, self.log = forced, []
-
-    def width(self, bands: list[int]) -> int:
-        return self.forced
+        super().__init__(block_size, forced)
+        self.log = []
 
     def update(self, bands, accepted, width, seconds, spent=None) -> None:
         if width == self.forced:  # the last blocks of a request narrow: not this width's evidence

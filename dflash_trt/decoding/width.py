@@ -237,13 +237,12 @@ class MeasuredWidth:
     def _due(self, key: tuple, values: list[float], best: int) -> int | None:
         """The most overdue arm other than `best`, or None when none is due."""
         top, found, most = max(values[best], 1e-12), None, 1.0
-        rows, sampled = len(key), any(key)
         for i, w in enumerate(self.arms):
             if i == best:
                 continue
             ratio = max(min(values[i] / top, 1.0), 1e-3)
             wait = min(self.explore_every / ratio**6, self.explore_every * self.max_wait)
-            if 0 < len(self.recent.get((rows, w, sampled), ())) < 3:  # timed once or twice: the first step at a
+            if 0 < len(self.recent.get(self.cost_key(key, w), ())) < 3:  # timed once or twice: the first step at a
                 wait = self.explore_every  # batch size runs cold (a served 4-row AR step 12.4 ms, then 7-9)
             overdue = (self.steps - self.last_run.get((key, w), 0)) / wait
             if overdue >= most:
