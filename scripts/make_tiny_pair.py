@@ -259,7 +259,11 @@ def cut_prompts(work: Path, files: list[Path], n: int, length: int, seed: int, n
     return path
 
 
-def train_drafter(work: Path, seed: int, steps: int, layers: int, init: Path | None = None, lr: float = 1.5e-3) -> dict:
+def train_drafter(work: Path, seed: int, steps: int, layers: int, init: Path | None = None, lr: float = 1.5e-3,
+                  regen_temperature: list[float] | None = None, distill_temperature: float | None = None,
+                  distill_weight: float = 1.0) -> dict:
+    """`train-draft --regenerate` on the cut prompts; `regen_temperature` (a list mixes them, sample i taking
+    the (i mod n)-th) and `distill_temperature` / `distill_weight` as the command's options of those names."""
     from dflash_trt.train.trainer import TrainDraftConfig, train_draft
 
     depth = json.loads((work / "target" / "config.json").read_text())["num_hidden_layers"]
@@ -273,10 +277,16 @@ def train_drafter(work: Path, seed: int, steps: int, layers: int, init: Path | N
         target_layer_ids=taps,  # include the last layer (HF post-norm): shallow targets need deep taps
         regenerate=True, regen_prompt_tokens=64, regen_new_tokens=192, seed=seed, save_every=250,
         init=None if init is None else str(init),
+        regen_temperature=_one_or_list(regen_temperature or [0.0]),
+        distill_temperature=distill_temperature, distill_weight=distill_weight,
         cache_features=True,  # the 24-layer target's features take ~15 min; a rerun or deeper drafter reuses them
         feature_memory_gb=12.0,  # 12288 samples x 256 x 3 taps x 192 x 4 bytes = 7.2 GB, held in memory (24 GB box)
     )
     return train_draft(cfg)
+
+
+def _one_or_list(values: list[float]) -> float | list[float]:
+    return values[0] if len(values) == 1 else list(values)  # one value is recorded as a number, as train-draft does
 
 
 def main() -> None:
@@ -297,6 +307,12 @@ def main() -> None:
                          "and state are --work/draft*, so move a previous drafter elsewhere first")
     ap.add_argument("--draft-lr", type=float, default=1.5e-3, help="peak learning rate of the drafter (cosine)")
     ap.add_argument("--draft-samples", type=int, default=2048)
+    ap.add_argument("--draft-regen-temperature", default="0",
+                    help="regenerate the drafter's data at this temperature; a comma list mixes them (0,0.7,0,1.0)")
+    ap.add_argument("--draft-distill-temperature", type=float, default=None,
+                    help="add the KL to the target's distribution at this temperature (train-draft --distill-temperature)")
+    ap.add_argument("--draft-distill-weight", type=float, default=1.0,
+                    help="with --draft-distill-temperature: loss = w * KL + (1 - w) * CE")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is robust on a shared 2-core box)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -322,18 +338,22 @@ def main() -> None:
                                          init=args.target_init, lr=args.target_lr)
         elif stage == "draft":
             cut_prompts(args.work, train_files, args.draft_samples, 64, args.seed, "draft_prompts.jsonl")
+            regen = [float(t) for t in args.draft_regen_temperature.split(",")]
             summary = train_drafter(args.work, args.seed, args.draft_steps, args.draft_layers, args.draft_init,
-                                    args.draft_lr)
+                                    args.draft_lr, regen, args.draft_distill_temperature, args.draft_distill_weight)
             if args.draft_init is not None and "draft" in log:  # the runs it continues: kept for the card
                 log["draft_history"] = [*log.get("draft_history", []), log["draft"]]
             log["draft"] = {k: v for k, v in summary.items() if k != "loss_history"} | {
                 "layers": args.draft_layers, "samples": args.draft_samples, "lr": args.draft_lr,
                 "init": None if args.draft_init is None else str(args.draft_init),
+                "regen_temperature": _one_or_list(regen), "distill_temperature": args.draft_distill_temperature,
+                "distill_weight": args.draft_distill_weight if args.draft_distill_temperature else None,
                 "command": " ".join(["python", "scripts/make_tiny_pair.py", *sys.argv[1:]])}
         elif stage == "prompts":
             cut_prompts(args.work, held_files, 64, 64, args.seed + 1, "heldout_prompts.jsonl")
         elif stage == "measure":
             log["measured"] = measure(args.work)
+            log["measured_sampled"] = measure_sampled(args.work)
             write_cards(args.work, log, TARGET_SHAPE)
         log.setdefault("seconds", {})[stage] = round(time.perf_counter() - t0)
         log_path.write_text(json.dumps(log, indent=2))
@@ -375,6 +395,34 @@ def install(work: Path) -> None:
         shutil.copytree(src, dst, ignore=shutil.ignore_patterns("generation_config.json"))
     shutil.copy(work / "heldout_prompts.jsonl", ASSETS / "heldout_prompts.jsonl")
     shutil.copy(work / "make_log.json", ASSETS / "make_log.json")
+
+
+def measure_sampled(work: Path, prompts: int = 32, new_tokens: int = 128, temperatures=(0.0, 0.7, 1.0, 1.5),
+                    seed: int = 0) -> list[dict]:
+    """τ with full blocks of 16 and the speed-up with the CPU defaults (`auto` widths, the confidence cut) at each
+    temperature, batch 1, the same prompts and seed as `dflash-trt bench --temperature 0,0.7,1.0,1.5`."""
+    from dflash_trt.bench.local import bench_block_size, load_prompts, warm_up
+    from dflash_trt.decoding.sampling import SamplingParams
+    from dflash_trt.runtime.local import default_draft_confidence, load_pair
+    from dflash_trt.tokenizer import stop_token_ids
+
+    pair = load_pair(work / "target", work / "draft", "fp32", "cpu")
+    held = load_prompts(work / "heldout_prompts.jsonl", pair.tokenizer, prompts)
+    stops = stop_token_ids(pair.tokenizer, pair.target.config.eos_token_ids)
+    with torch.inference_mode():
+        warm_up(pair, held[0], 16)
+    rows = []
+    for t in temperatures:
+        params = SamplingParams(t, seed=seed)
+        full = bench_block_size(pair, held, 16, new_tokens, params, stops)
+        served = bench_block_size(pair, held, 16, new_tokens, params, stops,
+                                  min_confidence=default_draft_confidence("cpu"), width_policy="auto")
+        rows.append({"temperature": t, "tau_full_blocks": full.mean_acceptance_length,
+                     "first_draft_accepted": full.per_position_acceptance[0], "speedup_auto": served.speedup,
+                     "identical": full.identical and served.identical})
+        print(f"T {t}: tau {full.mean_acceptance_length:.2f} (full blocks), speed-up {served.speedup:.2f}x (auto), "
+              f"identical {rows[-1]['identical']}", flush=True)
+    return rows
 
 
 if __name__ == "__main__":
