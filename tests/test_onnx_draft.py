@@ -44,16 +44,17 @@ class Lockstep:
         self.candidate.commit(*args)
 
     def propose(self, *args):
-        """Both with greedy drafts: the graphs end in an argmax (sampled rows are not coupled there)."""
-        args = args[:4]
+        """Graphs for greedy requests: both with greedy drafts (those graphs end in an argmax). Sampled
+        graphs: both with the requests' sampling (coupled drafts for sampled rows)."""
+        args = args if self.candidate.spec.sampled else args[:4]
         expected, got = self.reference.propose(*args), self.candidate.propose(*args)
         self.steps.append((expected.clone(), got.clone()))
         return got
 
 
-def _export(pair, folder: Path) -> DraftGraphSpec:
+def _export(pair, folder: Path, sampled: bool = False) -> DraftGraphSpec:
     block_size = pair.draft.config.block_size
-    spec = spec_for(pair.draft, pair.target, block_size, MAX_SEQ + block_size + 1, SLOTS, "fp32")
+    spec = spec_for(pair.draft, pair.target, block_size, MAX_SEQ + block_size + 1, SLOTS, "fp32", sampled)
     export_draft_graphs(pair.draft, pair.target, spec, folder)
     return spec
 
@@ -82,24 +83,28 @@ def _check_lockstep_decode(pair, folder: Path, requests: list[Request], schedule
     block_size, capacity = pair.draft.config.block_size, MAX_SEQ + pair.draft.config.block_size + 1
     taps = pair.draft.config.target_layer_ids
     torch_draft = TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, block_size)
-    lockstep = Lockstep(torch_draft, ort_draft_runner(folder, SLOTS))
+    graph_draft = ort_draft_runner(folder, SLOTS)
+    lockstep = Lockstep(torch_draft, graph_draft)
     got = decode(TorchTargetRunner(pair.target, SLOTS, capacity, taps), lockstep, requests, SLOTS, capacity,
                  block_size_schedule=schedule)
+    reference_draft = TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, block_size)
     reference = decode(TorchTargetRunner(pair.target, SLOTS, capacity, taps),
-                       GreedyDrafts(TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, block_size)), requests,
+                       reference_draft if graph_draft.spec.sampled else GreedyDrafts(reference_draft), requests,
                        SLOTS, capacity, block_size_schedule=schedule)
     ar = decode(TorchTargetRunner(pair.target, SLOTS, capacity, ()), None, requests, SLOTS, capacity)
     for step, (expected, proposed) in enumerate(lockstep.steps):
         assert torch.equal(expected, proposed), f"step {step}: onnxruntime proposed {proposed} != torch {expected}"
     assert [r.tokens for r in got] == [r.tokens for r in reference] == [r.tokens for r in ar]
     assert [r.acceptance_lengths for r in got] == [r.acceptance_lengths for r in reference]
+    lockstep.accepted = sum(a - 1 for r in got for a in r.acceptance_lengths)  # drafts accepted in all
     return lockstep
 
 
-@pytest.fixture(scope="module")
-def exported(loaded_tiny_pair, tmp_path_factory):
+@pytest.fixture(scope="module", params=[False, True], ids=["greedy-graphs", "sampled-graphs"])
+def exported(loaded_tiny_pair, tmp_path_factory, request):
+    """Graphs for greedy requests only, and graphs for sampled requests (which also return the draft logits)."""
     folder = tmp_path_factory.mktemp("onnx_draft")
-    return loaded_tiny_pair, folder, _export(loaded_tiny_pair, folder)
+    return loaded_tiny_pair, folder, _export(loaded_tiny_pair, folder, sampled=request.param)
 
 
 def test_onnx_graph_io_matches_the_declared_spec(exported):
@@ -159,24 +164,44 @@ def test_onnx_draft_decode_is_token_identical_to_torch(exported, schedule):
 
 @pytest.mark.parametrize("target,draft", [("tiny-qwen3", "tiny-qwen3-dflash")])
 def test_onnx_draft_decode_on_the_shipped_pair(target, draft, tmp_path):
+    """Greedy graphs, then sampled ones: on the trained pair the sampled rows' coupled drafts (the same as
+    the torch runner's, step by step) are accepted more often than the greedy graphs' argmax drafts."""
     if not (ASSETS / draft / "config.json").is_file():
         pytest.skip(f"shipped pair not present ({ASSETS / draft}/config.json)")
     from dflash_trt.runtime.local import load_pair
 
     pair = load_pair(ASSETS / target, ASSETS / draft, dtype="fp32", device="cpu")
-    _export(pair, tmp_path)
-    lockstep = _check_lockstep_decode(pair, tmp_path, _requests(pair.target.config.vocab_size, seed=1))
-    assert len(lockstep.steps) > 5
+    requests = _heldout_requests(pair, temperature=1.0, n=8)
+    accepted = {}
+    for sampled in (False, True):
+        _export(pair, tmp_path / str(sampled), sampled)
+        lockstep = _check_lockstep_decode(pair, tmp_path / str(sampled), requests)
+        assert len(lockstep.steps) > 5
+        accepted[sampled] = lockstep.accepted
+    assert accepted[True] > accepted[False], accepted
 
 
-def test_onnx_draft_with_a_draft_vocabulary_proposes_like_torch(tiny_pair, tmp_path):
-    """A draft vocabulary goes into the propose graph (head rows + id gather): same proposals as torch."""
+def _heldout_requests(pair, temperature: float, n: int) -> list[Request]:
+    """`n` of the shipped held-out prompts (their first 32 tokens), sampled at `temperature`, seeds 0..n-1."""
+    import json
+
+    lines = (ASSETS / "heldout_prompts.jsonl").read_text().splitlines()[:n]
+    return [Request(tuple(json.loads(line)["token_ids"][:32]), SamplingParams(temperature, seed=i), StopCriteria(48))
+            for i, line in enumerate(lines)]
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy-graphs", "sampled-graphs"])
+def test_onnx_draft_with_a_draft_vocabulary_proposes_like_torch(tiny_pair, tmp_path, sampled):
+    """A draft vocabulary goes into the propose graph (head rows + id gather; sampled graphs return its
+    columns' logits and write its ids beside the graphs): the same proposals as torch."""
     from dflash_trt.runtime.local import load_pair
+    from dflash_trt.trtllm.io_spec import DRAFT_VOCAB_FILE
 
     pair = load_pair(tiny_pair[0], tiny_pair[1], dtype="fp32", device="cpu")
     ids = torch.randperm(pair.target.config.vocab_size, generator=torch.Generator().manual_seed(5))[:64].tolist()
     pair.draft.use_vocab(ids, pair.target.lm_head)
-    _export(pair, tmp_path)
+    _export(pair, tmp_path, sampled)
+    assert (tmp_path / DRAFT_VOCAB_FILE).is_file() == sampled
     lockstep = _check_lockstep_decode(pair, tmp_path, _requests(pair.target.config.vocab_size, seed=2))
     proposed = torch.cat([p.flatten() for _, p in lockstep.steps])
     assert len(lockstep.steps) > 5 and set(proposed.tolist()) <= set(ids)

@@ -109,7 +109,8 @@ def plan_trtllm_build(cfg: BuildConfig, tmp_dir: str | Path) -> TrtllmPlan:
         num_layers=d.dims.num_layers, num_kv_heads=d.dims.num_kv_heads, head_dim=d.dims.head_dim,
         hidden_size=d.dims.hidden_size, n_taps=len(d.target_layer_ids), block_size=block_size,
         capacity=runtime.max_seq_len + block_size + 1, vocab_size=t.vocab_size, mask_token_id=d.mask_token_id,
-        dtype=dtype, max_batch_size=runtime.max_batch_size, target_layer_ids=tuple(d.target_layer_ids))
+        dtype=dtype, max_batch_size=runtime.max_batch_size, target_layer_ids=tuple(d.target_layer_ids),
+        sampled=runtime.sampled_requests)
     checkpoint_dir = tmp_dir.with_name(tmp_dir.name + ".ckpt")
     args = trtllm_build_args(checkpoint_dir / "target", tmp_dir / "target", t.family, cfg.quant, cfg.kv_cache,
                              runtime.max_batch_size, runtime.max_seq_len, block_size)

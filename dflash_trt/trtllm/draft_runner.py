@@ -6,9 +6,12 @@ rewind is only a length change and slots never move:
 
 - `append_context(slots, taps [B, T, n*H], positions [B, T], valid [B, T])`: the valid rows go
   through `draft_context` as one flat batch; their K/V are written at (slot, position).
-- `propose(slots, bonus [B], start [B], block_size=None) -> drafts [B, Q-1]`: the block
+- `propose(slots, bonus [B], start [B], block_size=None, sampling=None) -> drafts [B, Q-1]`: the block
   [bonus, MASK x (Q-1)] (Q = block_size, at most the exported one) and the slots' caches up to the
-  longest committed length, gathered into contiguous `[L, B, kvh, S, D]`, go to `draft_propose`.
+  longest committed length, gathered into contiguous `[L, B, kvh, S, D]`, go to `draft_propose`. Its
+  drafts are the argmax; graphs exported for sampled requests (`DraftGraphSpec.sampled`) also return
+  the draft logits, and sampled rows then get coupled drafts from them — the sampling rule with the
+  request's own noise, `coupled_drafts`, as the torch runner picks them (model/draft_heads.py).
 - `commit(slots, lengths [B])`: the committed context length of each slot.
 """
 
@@ -18,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.trtllm.io_spec import DraftGraphSpec
+from dflash_trt.model.draft_heads import any_sampled, coupled_drafts
+from dflash_trt.trtllm.io_spec import DRAFT_VOCAB_FILE, DraftGraphSpec
 from dflash_trt.trtllm.onnx_export import GRAPH_FILES, TORCH_DTYPES
 
 ENGINE_FILES = {"context": "draft_context.engine", "propose": "draft_propose.engine"}
@@ -26,7 +30,8 @@ ENGINE_FILES = {"context": "draft_context.engine", "propose": "draft_propose.eng
 
 class GraphDraftRunner:
     def __init__(self, spec: DraftGraphSpec, context_session, propose_session, n_slots: int,
-                 block_size: int | None = None):
+                 block_size: int | None = None, vocab_ids: torch.Tensor | None = None):
+        """`vocab_ids` [V']: the token id of each draft-logits column, when the graphs score a draft vocabulary."""
         self.spec, self.context_session, self.propose_session = spec, context_session, propose_session
         self.block_size = block_size or spec.block_size
         if self.block_size != spec.block_size:
@@ -37,6 +42,7 @@ class GraphDraftRunner:
         self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.lengths = torch.zeros(n_slots, dtype=torch.int64, device=self.device)  # [n_slots]
+        self.vocab_ids = None if vocab_ids is None else vocab_ids.to(self.device)
 
     @torch.inference_mode()
     def append_context(self, slots, taps, positions, valid) -> None:
@@ -55,9 +61,10 @@ class GraphDraftRunner:
 
     @torch.inference_mode()
     def propose(self, slots, bonus, start, block_size: int | None = None, sampling=None) -> torch.Tensor:
-        """drafts [B, Q-1] (int64) for blocks [bonus, MASK x (Q-1)] at positions start..start+Q-1.
-        The graphs end in an argmax: sampled rows get greedy drafts here (lossless, fewer accepted than
-        the torch runner's coupled drafts); `sampling` is accepted for the runner contract."""
+        """drafts [B, Q-1] (int64) for blocks [bonus, MASK x (Q-1)] at positions start..start+Q-1: the argmax,
+        and for the rows of `sampling` (T, top_k, top_p, seed [B]) with T > 0 coupled drafts when the graphs
+        return logits (`spec.sampled`); graphs for greedy requests only give every row its argmax (lossless:
+        verification decides, a greedy draft is just accepted less often against a sampled target)."""
         width = min(block_size or self.block_size, self.block_size)
         slots = slots.to(self.device)
         lengths = self.lengths[slots]  # [B]
@@ -71,7 +78,14 @@ class GraphDraftRunner:
             "context_k": self.k[:, slots, :, :s].contiguous(), "context_v": self.v[:, slots, :, :s].contiguous(),
             "context_lengths": lengths.contiguous(),
         })
-        return out["drafts"].to(torch.int64)
+        drafts = out["drafts"].to(torch.int64)
+        if self.spec.sampled and any_sampled(sampling):
+            rows = (sampling[0] > 0).nonzero()[:, 0].to(self.device)
+            logits = out["draft_logits"].to(self.device, torch.float32)[rows]  # [n, Q-1, V']
+            params = tuple(p.to(self.device)[rows] for p in sampling)
+            columns = coupled_drafts(logits, start.to(self.device)[rows], params, self.vocab_ids)
+            drafts[rows] = columns if self.vocab_ids is None else self.vocab_ids[columns]
+        return drafts
 
     def commit(self, slots, lengths) -> None:
         self.lengths[slots.to(self.device)] = lengths.to(self.device, torch.int64)
@@ -84,7 +98,7 @@ def ort_draft_runner(folder: str | Path, n_slots: int, threads: int = 1) -> Grap
     folder = Path(folder)
     spec = DraftGraphSpec.load(folder)
     sessions = {name: OrtSession(folder / file, threads) for name, file in GRAPH_FILES.items()}
-    return GraphDraftRunner(spec, sessions["context"], sessions["propose"], n_slots)
+    return GraphDraftRunner(spec, sessions["context"], sessions["propose"], n_slots, vocab_ids=vocab_ids(folder))
 
 
 def trt_draft_runner(folder: str | Path, n_slots: int) -> GraphDraftRunner:
@@ -94,4 +108,14 @@ def trt_draft_runner(folder: str | Path, n_slots: int) -> GraphDraftRunner:
     folder = Path(folder)
     spec = DraftGraphSpec.load(folder)
     sessions = {name: TrtSession(folder / file) for name, file in ENGINE_FILES.items()}
-    return GraphDraftRunner(spec, sessions["context"], sessions["propose"], n_slots)
+    return GraphDraftRunner(spec, sessions["context"], sessions["propose"], n_slots, vocab_ids=vocab_ids(folder))
+
+
+def vocab_ids(folder: Path) -> torch.Tensor | None:
+    """The draft vocabulary's token ids [V'] (the draft logits' columns) of sampled graphs that score one."""
+    import json
+
+    path = Path(folder) / DRAFT_VOCAB_FILE
+    if not path.is_file():
+        return None
+    return torch.tensor(json.loads(path.read_text())["token_ids"], dtype=torch.int64)

@@ -15,6 +15,7 @@ from pathlib import Path
 from dflash_trt.errors import CheckpointError
 
 DRAFT_SPEC_FILE = "dflash_draft.json"
+DRAFT_VOCAB_FILE = "dflash_draft_vocab_ids.json"  # graphs scoring a draft vocabulary: its token ids, column order
 ENGINE_CONFIG_FILE = "dflash_engine.json"
 FLOAT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -45,6 +46,9 @@ class DraftGraphSpec:
     dtype: str  # fp32 | bf16 | fp16: the graphs' float dtype
     max_batch_size: int
     target_layer_ids: tuple[int, ...] = field(default_factory=tuple)
+    # graphs for sampled requests (runtime.sampled_requests) also return the draft logits, from which the
+    # runner picks coupled drafts for sampled rows (model/draft_heads.py): [B, Q-1, V'] floats a step
+    sampled: bool = False
 
     @property
     def num_drafts(self) -> int:
@@ -67,7 +71,10 @@ class DraftGraphSpec:
                   TensorSpec("start", "int64", ("batch",)),
                   TensorSpec("context_k", f, kv), TensorSpec("context_v", f, kv),
                   TensorSpec("context_lengths", "int64", ("batch",))]
-        return inputs, [TensorSpec("drafts", "int64", ("batch", "num_drafts"))]  # [B, Q-1]
+        outputs = [TensorSpec("drafts", "int64", ("batch", "num_drafts"))]  # [B, Q-1]
+        if self.sampled:  # [B, Q-1, V'], V' the draft vocabulary's size (DRAFT_VOCAB_FILE) or the vocabulary's
+            outputs.append(TensorSpec("draft_logits", "float32", ("batch", "num_drafts", "draft_vocab")))
+        return inputs, outputs
 
     def dim_ranges(self) -> dict[str, tuple[int, int, int]]:
         """min / opt / max of every symbolic dim (the TensorRT optimization profile)."""

@@ -14,6 +14,7 @@ in `model/layers.py`, lower precisions upcast in plain ops first) and remove it 
 from __future__ import annotations
 
 import contextlib
+import json
 import warnings
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import torch
 
 from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.model.target import Target
-from dflash_trt.trtllm.io_spec import DraftGraphSpec, TensorSpec
+from dflash_trt.trtllm.io_spec import DRAFT_VOCAB_FILE, DraftGraphSpec, TensorSpec
 from dflash_trt.trtllm.onnx_graphs import DraftContextGraph, DraftProposeGraph
 from dflash_trt.trtllm.versions import require
 
@@ -77,7 +78,7 @@ def dynamic_axes(inputs: list[TensorSpec], outputs: list[TensorSpec]) -> dict[st
 
 def graph_modules(draft: DFlashDraft, target: Target, spec: DraftGraphSpec) -> dict[str, torch.nn.Module]:
     return {"context": DraftContextGraph(draft, spec.capacity).eval(),
-            "propose": DraftProposeGraph(draft, target, spec.capacity).eval()}
+            "propose": DraftProposeGraph(draft, target, spec.capacity, spec.sampled).eval()}
 
 
 def export_graph(module: torch.nn.Module, io: tuple[list[TensorSpec], list[TensorSpec]], spec: DraftGraphSpec,
@@ -114,18 +115,21 @@ def stamp_shapes(path: Path, tensors: list[TensorSpec]) -> None:
 
 def export_draft_graphs(draft: DFlashDraft, target: Target, spec: DraftGraphSpec, out_dir: str | Path,
                         opset: int = OPSET) -> dict[str, Path]:
-    """Write draft_context.onnx and draft_propose.onnx (+ the spec) into out_dir; returns the paths."""
+    """Write draft_context.onnx and draft_propose.onnx (+ the spec, and the draft vocabulary's token ids when
+    sampled graphs score one: their logits' columns) into out_dir; returns the paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     modules = graph_modules(draft, target, spec)
     io = {"context": spec.context_io(), "propose": spec.propose_io()}
     paths = {name: export_graph(modules[name], io[name], spec, out_dir / GRAPH_FILES[name], opset) for name in modules}
     spec.save(out_dir)
+    if spec.sampled and draft.vocab is not None:
+        (out_dir / DRAFT_VOCAB_FILE).write_text(json.dumps({"token_ids": draft.vocab[0].tolist()}) + "\n")
     return paths
 
 
 def spec_for(draft: DFlashDraft, target: Target, block_size: int, capacity: int, max_batch_size: int,
-             dtype: str) -> DraftGraphSpec:
+             dtype: str, sampled: bool = False) -> DraftGraphSpec:
     """The graph spec of a loaded pair (dims from the drafter's config, vocab from the target)."""
     c = draft.config
     d = c.dims
@@ -137,5 +141,5 @@ def spec_for(draft: DFlashDraft, target: Target, block_size: int, capacity: int,
         num_layers=d.num_layers, num_kv_heads=d.num_kv_heads, head_dim=d.head_dim, hidden_size=d.hidden_size,
         n_taps=len(c.target_layer_ids), block_size=block_size, capacity=capacity,
         vocab_size=target.config.vocab_size, mask_token_id=c.mask_token_id, dtype=dtype,
-        max_batch_size=max_batch_size, target_layer_ids=tuple(c.target_layer_ids),
+        max_batch_size=max_batch_size, target_layer_ids=tuple(c.target_layer_ids), sampled=sampled,
     )

@@ -89,14 +89,17 @@ class DraftContextGraph(nn.Module):
 
 
 class DraftProposeGraph(nn.Module):
-    def __init__(self, draft: DFlashDraft, target: Target, capacity: int):
+    def __init__(self, draft: DFlashDraft, target: Target, capacity: int, sampled: bool = False):
         super().__init__()
         self.draft, self.embed_tokens, self.lm_head = draft, target.model.embed_tokens, target.lm_head
         self.rope = RopeTable(draft.rotary, capacity, draft.fc.weight.dtype)
         self.vocab = draft.vocab  # (token ids, head rows) of a draft vocabulary (DFlashDraft.use_vocab), or None
+        self.sampled = sampled  # also return the draft logits (float32), for coupled drafts of sampled rows
 
-    def forward(self, block_ids, start, context_k, context_v, context_lengths) -> torch.Tensor:
-        """block_ids [B, Q]; start, context_lengths [B]; context_k/v [L, B, kvh, S, D] -> drafts [B, Q-1] int64."""
+    def forward(self, block_ids, start, context_k, context_v, context_lengths):
+        """block_ids [B, Q]; start, context_lengths [B]; context_k/v [L, B, kvh, S, D] -> drafts [B, Q-1] int64
+        (greedy), and with `sampled` the logits they are the argmax of, [B, Q-1, V'] float32 (V' the draft
+        vocabulary's columns, in its order, when there is one)."""
         d = self.draft
         positions = start[:, None] + torch.arange(block_ids.shape[1], device=start.device)[None, :]  # [B, Q]
         x = self.embed_tokens(block_ids).to(d.fc.weight.dtype) * d.config.input_embedding_scale
@@ -113,7 +116,7 @@ class DraftProposeGraph(nn.Module):
             x = x + attend(layer.self_attn, q, keys, values, masks[kind])
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         hidden = d.norm(x)
-        if self.vocab is None:
-            return d.logits(hidden[:, 1:], self.lm_head).argmax(dim=-1)  # [B, K]
-        ids, head = self.vocab  # only the draft vocabulary's rows are scored (a gather maps back to token ids)
-        return ids[d.logits(hidden[:, 1:], head).argmax(dim=-1)]
+        head = self.lm_head if self.vocab is None else self.vocab[1]  # a draft vocabulary: only its rows scored
+        logits = d.logits(hidden[:, 1:], head)  # [B, K, V']
+        drafts = logits.argmax(dim=-1) if self.vocab is None else self.vocab[0][logits.argmax(dim=-1)]  # token ids
+        return (drafts, logits.float()) if self.sampled else drafts
