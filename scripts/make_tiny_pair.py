@@ -403,10 +403,10 @@ def measure_sampled(work: Path, prompts: int = 32, new_tokens: int = 128, temper
     temperature, batch 1, the same prompts and seed as `dflash-trt bench --temperature 0,0.7,1.0,1.5`."""
     from dflash_trt.bench.local import bench_block_size, load_prompts, warm_up
     from dflash_trt.decoding.sampling import SamplingParams
-    from dflash_trt.runtime.local import default_draft_confidence, load_pair
+    from dflash_trt.runtime.local import apply_draft_vocab, default_draft_confidence, load_pair
     from dflash_trt.tokenizer import stop_token_ids
 
-    pair = load_pair(work / "target", work / "draft", "fp32", "cpu")
+    pair = apply_draft_vocab(load_pair(work / "target", work / "draft", "fp32", "cpu"), "auto")  # as bench does
     held = load_prompts(work / "heldout_prompts.jsonl", pair.tokenizer, prompts)
     stops = stop_token_ids(pair.tokenizer, pair.target.config.eos_token_ids)
     with torch.inference_mode():

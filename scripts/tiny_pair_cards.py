@@ -21,6 +21,7 @@ def write_cards(work: Path, log: dict, shape: dict) -> None:
                 "|---|---|---|---|---|---|---|\n"
                 + table + "\n\nGreedy, batch 1, fp32, one CPU thread, on 32 held-out prompts x 128 new tokens "
                 "(`dflash_trt/assets/heldout_prompts.jsonl`); `dflash-trt bench` reproduces it.")
+    measured += sampled_table(log.get("measured_sampled"))
     source = (f"Python {data['stdlib']} standard library sources ({data['train_files']} training files, "
               f"{data.get('train_tokens', '?')} tokens; {data['heldout_files']} files held out by path hash)")
     reproduce = "`python scripts/make_tiny_pair.py --stage all --seed 0`"
@@ -68,10 +69,11 @@ A DFlash drafter (z-lab format: `DFlashDraftModel`, `dflash_config`) for tiny-qw
 - {d.get('layers', '?')} draft layer(s), block_size 16, target_layer_ids and mask_token_id in config.json
 - prompt format: trained on raw prompts (no chat template; the target has no thinking mode); `dflash-trt
   check-pair` measures τ raw and chat-templated
-- data: {d.get('samples', '?')} prompts of 64 tokens cut from the training files, continued greedily by the target
-  (192 new tokens each); the prompts are one seeded stream, so a run on more samples starts with an earlier run's
-- training: {d['steps']} steps, final loss {d['final_loss']:.3f}, {d['seconds']:.0f} s{continued}; settings in
-  `dflash_trt_train.json`
+- data: {d.get('samples', '?')} prompts of 64 tokens cut from the training files, continued by the target
+  {continuation(d)} (192 new tokens each); the prompts are one seeded stream, so a run on more samples starts with
+  an earlier run's
+- training: {d['steps']} steps, final loss {d['final_loss']:.3f}, {d['seconds']:.0f} s{continued}{objective(d)}; settings
+  in `dflash_trt_train.json`
 - reproduce: {reproduce_draft}
 - draft vocabulary: `dflash_trt_draft_vocab.json` ranks the {vocab['n']} distinct tokens it was trained to propose;
   the recommended {vocab['recommended']} cover 99.9% of them (`runtime.draft_vocab_size`, `--draft-vocab auto`; lossless)
@@ -80,3 +82,33 @@ A DFlash drafter (z-lab format: `DFlashDraftModel`, `dflash_config`) for tiny-qw
 
 {measured}
 """)
+
+
+def continuation(run: dict) -> str:
+    """How a drafter run's data was continued: 'greedily', or the temperatures sample i cycles through."""
+    temps = run.get("regen_temperature") or 0.0
+    temps = temps if isinstance(temps, list) else [temps]
+    if all(t == 0 for t in temps):
+        return "greedily"
+    return "at temperatures " + " / ".join(f"{t:g}" for t in temps) + " in turn (0 = greedy)"
+
+
+def objective(run: dict) -> str:
+    if not run.get("distill_temperature"):
+        return ""
+    w = run.get("distill_weight", 1.0)
+    return (f"; loss {w:g} x KL to the target's distribution at T {run['distill_temperature']:g} + {1 - w:g} x the "
+            f"hard-label CE (`--distill-temperature`, `--distill-weight`)")
+
+
+def sampled_table(rows: list[dict] | None) -> str:
+    """τ (full blocks of 16) and speed-up (`auto` widths, the confidence cut) per temperature."""
+    if not rows:
+        return ""
+    lines = "\n".join(f"| {r['temperature']:g} | {r['tau_full_blocks']:.2f} | {r['first_draft_accepted']:.2f} | "
+                      f"{r['speedup_auto']:.2f}x | {r['identical']} |" for r in rows)
+    return ("\n\nBy temperature (block 16, batch 1, the same prompts, seed 0; sampled requests get coupled drafts):\n\n"
+            "| temperature | τ, full blocks | first draft accepted | speed-up, CPU defaults (`auto`, cut 0.1) | identical |\n"
+            "|---|---|---|---|---|\n" + lines + "\n\n`dflash-trt bench --block-sizes 16 --num-prompts 32 --temperature "
+            "0,0.7,1.0,1.5 --width-policy fixed --draft-confidence 0` gives the τ column, the same without the last two "
+            "options the speed-up.")

@@ -9,7 +9,9 @@ from safetensors.torch import load_file
 
 from dflash_trt.checkpoint.hf import check_pair, read_draft, read_target
 from dflash_trt.cli import cli
+from dflash_trt.errors import ConfigError
 from dflash_trt.train.blocks import block_attention_mask, sample_blocks
+from dflash_trt.train.trainer import TrainDraftConfig
 
 
 def _data(path, n=48, length=40):
@@ -238,6 +240,26 @@ def test_distill_loss_is_zero_at_the_teacher_and_positive_elsewhere():
     assert student.grad.abs().sum() > 0
 
 
+def test_distill_slots_restrict_the_kl_to_the_first_slots():
+    """With slots=1 only slot 1's distribution counts: a student wrong at later slots alone costs nothing, one
+    wrong at slot 1 costs what it costs among every slot's KL divided by slot 1's share of the weights."""
+    from dflash_trt.train.blocks import distill_loss
+
+    tokens = torch.randint(0, 50, (2, 30), generator=torch.Generator().manual_seed(3))
+    batch = sample_blocks(tokens, torch.ones_like(tokens, dtype=torch.bool), 4, 5, 49, 7.0,
+                          torch.Generator().manual_seed(4))
+    teacher = torch.randn(2, 4, 4, 50, generator=torch.Generator().manual_seed(5))
+    later_wrong, first_wrong = teacher.clone(), teacher.clone()
+    later_wrong[:, :, 1:] = later_wrong[:, :, 1:].flip(-1)
+    first_wrong[:, :, :1] = first_wrong[:, :, :1].flip(-1)
+    assert float(distill_loss(later_wrong, teacher, batch, 1.0, slots=1)) < 1e-6
+    assert float(distill_loss(later_wrong, teacher, batch, 1.0)) > 0.1
+    w = batch.weights * (batch.labels != -100)  # [Bt, N, B-1]: the decay, masked past the rows' ends
+    share = float(w[..., 0].sum() / w.sum())
+    torch.testing.assert_close(distill_loss(first_wrong, teacher, batch, 1.0, slots=1) * share,
+                               distill_loss(first_wrong, teacher, batch, 1.0), rtol=1e-5, atol=1e-6)
+
+
 def test_target_block_logits_are_the_targets_own_next_token_logits(tiny_pair):
     """Slot k of anchor a gets the target's logits at position a + k - 1 (those that predict the slot's label)."""
     from dflash_trt.runtime.local import load_pair
@@ -267,9 +289,12 @@ def test_distilled_training_at_a_sampling_temperature(tiny_pair, tmp_path):
     assert sum(history[-5:]) / 5 < sum(history[:5]) / 5  # the mixed loss falls
     record = json.loads((tmp_path / "draft" / "dflash_trt_train.json").read_text())
     assert record["distill_temperature"] == 0.8 and record["regen_temperature"] == 0.8
-    bad = CliRunner().invoke(cli, ["train-draft", "--target", str(tiny_pair[0]), "--data", str(tmp_path / "d.jsonl"),
-                                   "--out", str(tmp_path / "x"), "--distill-weight", "1.5"])
-    assert bad.exit_code == 2
+    for option in (["--distill-weight", "1.5"], ["--distill-slots", "0"]):
+        bad = CliRunner().invoke(cli, ["train-draft", "--target", str(tiny_pair[0]), "--data", str(tmp_path / "d.jsonl"),
+                                       "--out", str(tmp_path / "x"), *option])
+        assert bad.exit_code == 2, option
+    with pytest.raises(ConfigError, match="distill_slots must be in"):
+        TrainDraftConfig(target="t", data=[], out="o", block_size=4, distill_slots=4)
 
 
 def test_regeneration_mixes_a_list_of_temperatures(tiny_pair, tmp_path):

@@ -35,6 +35,10 @@ from dflash_trt.cli.types import FLOAT_LIST, INT_LIST
                    "loss: a drafter for sampled serving (coupled drafts match when its distribution matches).")
 @click.option("--distill-weight", type=click.FloatRange(min=0, max=1), default=1.0, show_default=True,
               help="With --distill-temperature: loss = w * KL + (1 - w) * hard-label CE.")
+@click.option("--distill-slots", type=click.IntRange(min=1),
+              help="With --distill-temperature: the KL on the first N block slots only (default: every slot). "
+                   "1 distils the next-token distribution, which is the target's at every temperature, and "
+                   "leaves the later slots to the hard labels.")
 @click.option("--max-samples", type=click.IntRange(min=1), help="Use at most this many samples.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--save-every", type=click.IntRange(min=1), default=200, show_default=True,

@@ -130,16 +130,18 @@ def block_loss(logits: torch.Tensor, batch: BlockBatch) -> tuple[torch.Tensor, t
 
 
 def distill_loss(logits: torch.Tensor, target_logits: torch.Tensor, batch: BlockBatch,
-                 temperature: float) -> torch.Tensor:
+                 temperature: float, slots: int | None = None) -> torch.Tensor:
     """Decay-weighted KL(p_T || q_T) over slots 1..B-1: the target's distribution at the training temperature
     (`target_logits` [Bt, N, B-1, V], its logits for the token at each slot) against the drafter's, times T²
     (Hinton et al.'s scaling, so the gradient's size does not shrink with T). Zero when the drafter's
     tempered distribution equals the target's; a drafter trained so drafts, coupled with the request's noise,
-    match what the target samples (model/draft_heads.py)."""
+    match what the target samples (model/draft_heads.py). `slots`: only block slots 1..slots (None: all)."""
     log_q = F.log_softmax(logits.float() / temperature, dim=-1)
     log_p = F.log_softmax(target_logits.float() / temperature, dim=-1)
     kl = (log_p.exp() * (log_p - log_q)).sum(-1) * temperature**2  # [Bt, N, B-1]
     w = batch.weights[None, None, :] * (batch.labels != -100)
+    if slots is not None:
+        w = w * (torch.arange(w.shape[-1], device=w.device) < slots)
     return (kl * w).sum() / w.sum().clamp(min=1e-8)
 
 

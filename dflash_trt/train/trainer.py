@@ -66,6 +66,10 @@ class TrainDraftConfig:
     # loss as distill_weight * KL + (1 - distill_weight) * CE.
     distill_temperature: float | None = None
     distill_weight: float = 1.0
+    # the KL on block slots 1..distill_slots only (None: every slot). Slot 1's distribution is the target's
+    # next-token distribution whatever the temperature; later slots' depend on the tokens before them, which
+    # the drafter cannot see (greedy serving wants the greedy chain there, sampled serving the marginal)
+    distill_slots: int | None = None
     max_samples: int | None = None
     seed: int = 0
     save_every: int = 200
@@ -83,6 +87,9 @@ class TrainDraftConfig:
             raise ConfigError(f"eval_samples must be >= 0, got {self.eval_samples}")
         if self.distill_temperature is not None and not self.distill_temperature > 0:
             raise ConfigError(f"distill_temperature must be > 0 (or unset), got {self.distill_temperature}")
+        if self.distill_slots is not None and not 1 <= self.distill_slots < self.block_size:
+            raise ConfigError(f"distill_slots must be in [1, block_size - 1 = {self.block_size - 1}] (or unset), "
+                              f"got {self.distill_slots}")
         if not 0.0 <= self.distill_weight <= 1.0:
             raise ConfigError(f"distill_weight must be in [0, 1], got {self.distill_weight}")
         if self.feature_memory_gb < 0:
@@ -341,7 +348,7 @@ def _loop(cfg, target, draft, optimizer, tokens, loss_mask, step, state_dir, pro
         loss, accuracy = block_loss(logits, blocks)
         if distill:
             teacher = target_block_logits(rows_features[..., width:], target.lm_head, blocks)
-            kd = distill_loss(logits, teacher, blocks, cfg.distill_temperature)
+            kd = distill_loss(logits, teacher, blocks, cfg.distill_temperature, cfg.distill_slots)
             loss = cfg.distill_weight * kd + (1 - cfg.distill_weight) * loss
         for group in optimizer.param_groups:
             group["lr"] = cosine_lr(step, cfg.steps, cfg.lr)
