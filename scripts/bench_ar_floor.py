@@ -3,7 +3,7 @@
 every step forced to width 1 (plain AR steps that keep the draft context: the floor of "never slower")
 and the `auto` policy, side by side in one run.
 
-    python scripts/bench_ar_floor.py --temperature 0.7,1.0,1.5 --num-prompts 16 --repeats 2
+    python scripts/bench_ar_floor.py --temperature 0.7,1.0,1.5 --num-prompts 16 --repeats 2 [--forced 1,2,4]
 
 The shipped pair, batch 1, fp32, one thread, draft vocabulary `auto`, confidence cut 0.1 (bench's CPU
 defaults). Each prompt runs all decoders in a rotating order (this VM's speed drifts by several percent
@@ -50,10 +50,12 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--forced", default="1", help="forced widths to run beside AR and auto (comma list)")
+    ap.add_argument("--draft", type=Path, default=ASSETS / "tiny-qwen3-dflash", help="drafter folder")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
-    pair = load_pair(ASSETS / "tiny-qwen3", ASSETS / "tiny-qwen3-dflash", "fp32", "cpu")
+    pair = load_pair(ASSETS / "tiny-qwen3", args.draft, "fp32", "cpu")
     apply_draft_vocab(pair, "auto")
     prompts = load_prompts(None, None, args.num_prompts)
     k = args.block_size
@@ -61,12 +63,12 @@ def main() -> None:
         requests = [Request(tuple(p), SamplingParams(temperature, seed=i), StopCriteria(args.max_new_tokens))
                     for i, p in enumerate(prompts)]
         auto = MeasuredWidth(k, greedy=lambda batch: k)
-        decoders = {
-            "AR": lambda r: autoregressive_generate(pair.target, [r]),
-            "width 1": lambda r: speculative_generate(pair.target, pair.draft, [r], k, width=ForcedWidth(k, 1),
-                                                      min_confidence=0.1),
-            "auto": lambda r: speculative_generate(pair.target, pair.draft, [r], k, width=auto, min_confidence=0.1),
-        }
+        decoders = {"AR": lambda r: autoregressive_generate(pair.target, [r])}
+        for w in (int(x) for x in args.forced.split(",") if x):
+            decoders[f"width {w}"] = lambda r, w=w: speculative_generate(
+                pair.target, pair.draft, [r], k, width=ForcedWidth(k, w), min_confidence=0.1)
+        decoders["auto"] = lambda r: speculative_generate(pair.target, pair.draft, [r], k, width=auto,
+                                                          min_confidence=0.1)
         for decode in decoders.values():  # warm-up
             decode(requests[0])
         seconds, tokens, identical = dict.fromkeys(decoders, 0.0), 0, True
