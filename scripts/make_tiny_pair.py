@@ -261,9 +261,9 @@ def cut_prompts(work: Path, files: list[Path], n: int, length: int, seed: int, n
 
 def train_drafter(work: Path, seed: int, steps: int, layers: int, init: Path | None = None, lr: float = 1.5e-3,
                   regen_temperature: list[float] | None = None, distill_temperature: float | None = None,
-                  distill_weight: float = 1.0) -> dict:
+                  distill_weight: float = 1.0, distill_slots: int | None = None, eval_samples: int = 0) -> dict:
     """`train-draft --regenerate` on the cut prompts; `regen_temperature` (a list mixes them, sample i taking
-    the (i mod n)-th) and `distill_temperature` / `distill_weight` as the command's options of those names."""
+    the (i mod n)-th), `distill_*` and `eval_samples` as the command's options of those names."""
     from dflash_trt.train.trainer import TrainDraftConfig, train_draft
 
     depth = json.loads((work / "target" / "config.json").read_text())["num_hidden_layers"]
@@ -278,7 +278,8 @@ def train_drafter(work: Path, seed: int, steps: int, layers: int, init: Path | N
         regenerate=True, regen_prompt_tokens=64, regen_new_tokens=192, seed=seed, save_every=250,
         init=None if init is None else str(init),
         regen_temperature=_one_or_list(regen_temperature or [0.0]),
-        distill_temperature=distill_temperature, distill_weight=distill_weight,
+        distill_temperature=distill_temperature, distill_weight=distill_weight, distill_slots=distill_slots,
+        eval_samples=eval_samples,
         cache_features=True,  # the 24-layer target's features take ~15 min; a rerun or deeper drafter reuses them
         feature_memory_gb=12.0,  # 12288 samples x 256 x 3 taps x 192 x 4 bytes = 7.2 GB, held in memory (24 GB box)
     )
@@ -313,6 +314,12 @@ def main() -> None:
                     help="add the KL to the target's distribution at this temperature (train-draft --distill-temperature)")
     ap.add_argument("--draft-distill-weight", type=float, default=1.0,
                     help="with --draft-distill-temperature: loss = w * KL + (1 - w) * CE")
+    ap.add_argument("--draft-distill-slots", type=int, default=None,
+                    help="with --draft-distill-temperature: the KL on the first N block slots only")
+    ap.add_argument("--draft-prompt-stride", type=int, default=1,
+                    help="train on every N-th prompt of the seeded prompt stream (2: prompts 0, 2, 4, ...)")
+    ap.add_argument("--draft-eval-samples", type=int, default=0,
+                    help="samples held out of training for the chain-simulated τ (train-draft --eval-samples)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is robust on a shared 2-core box)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -337,10 +344,15 @@ def main() -> None:
             log["target"] = train_target(args.work, stream, args.target_steps, args.seed, layers=args.target_layers,
                                          init=args.target_init, lr=args.target_lr)
         elif stage == "draft":
-            cut_prompts(args.work, train_files, args.draft_samples, 64, args.seed, "draft_prompts.jsonl")
+            prompts = cut_prompts(args.work, train_files, args.draft_samples * args.draft_prompt_stride, 64, args.seed,
+                                  "draft_prompts.jsonl")
+            if args.draft_prompt_stride > 1:
+                lines = prompts.read_text().splitlines()[:: args.draft_prompt_stride]
+                prompts.write_text("".join(line + "\n" for line in lines))
             regen = [float(t) for t in args.draft_regen_temperature.split(",")]
             summary = train_drafter(args.work, args.seed, args.draft_steps, args.draft_layers, args.draft_init,
-                                    args.draft_lr, regen, args.draft_distill_temperature, args.draft_distill_weight)
+                                    args.draft_lr, regen, args.draft_distill_temperature, args.draft_distill_weight,
+                                    args.draft_distill_slots, args.draft_eval_samples)
             if args.draft_init is not None and "draft" in log:  # the runs it continues: kept for the card
                 log["draft_history"] = [*log.get("draft_history", []), log["draft"]]
             log["draft"] = {k: v for k, v in summary.items() if k != "loss_history"} | {
@@ -348,6 +360,8 @@ def main() -> None:
                 "init": None if args.draft_init is None else str(args.draft_init),
                 "regen_temperature": _one_or_list(regen), "distill_temperature": args.draft_distill_temperature,
                 "distill_weight": args.draft_distill_weight if args.draft_distill_temperature else None,
+                "distill_slots": args.draft_distill_slots if args.draft_distill_temperature else None,
+                "prompt_stride": args.draft_prompt_stride, "eval_samples": args.draft_eval_samples,
                 "command": " ".join(["python", "scripts/make_tiny_pair.py", *sys.argv[1:]])}
         elif stage == "prompts":
             cut_prompts(args.work, held_files, 64, 64, args.seed + 1, "heldout_prompts.jsonl")

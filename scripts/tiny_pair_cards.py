@@ -12,7 +12,7 @@ def write_cards(work: Path, log: dict, shape: dict) -> None:
     the target's architecture (make_tiny_pair.shape)."""
     m, t, d, data = log["measured"], log["target"], log["draft"], log["data"]
     record = json.loads((work / "draft" / "dflash_trt_draft_vocab.json").read_text())
-    vocab = {"n": len(record["token_ids"]), "recommended": record["recommended_size"]}
+    vocab = {"n": len(record["token_ids"]), "recommended": record["recommended_size"], "source": record["source"]}
     table = "\n".join(
         f"| {b.split('_')[1]} | {v.get('confidence', 0.0) or 'full blocks'} | {v['mean_acceptance_length']:.2f} | "
         f"{v['spec_tokens_per_s']:.1f} | {v['ar_tokens_per_s']:.1f} | {v['speedup']:.2f}x | {v['identical']} |"
@@ -69,14 +69,14 @@ A DFlash drafter (z-lab format: `DFlashDraftModel`, `dflash_config`) for tiny-qw
 - {d.get('layers', '?')} draft layer(s), block_size 16, target_layer_ids and mask_token_id in config.json
 - prompt format: trained on raw prompts (no chat template; the target has no thinking mode); `dflash-trt
   check-pair` measures τ raw and chat-templated
-- data: {d.get('samples', '?')} prompts of 64 tokens cut from the training files, continued by the target
+- data: {d.get('samples', '?')} prompts of 64 tokens cut from the training files{stride(d)}, continued by the target
   {continuation(d)} (192 new tokens each); the prompts are one seeded stream, so a run on more samples starts with
   an earlier run's
 - training: {d['steps']} steps, final loss {d['final_loss']:.3f}, {d['seconds']:.0f} s{continued}{objective(d)}; settings
   in `dflash_trt_train.json`
 - reproduce: {reproduce_draft}
-- draft vocabulary: `dflash_trt_draft_vocab.json` ranks the {vocab['n']} distinct tokens it was trained to propose;
-  the recommended {vocab['recommended']} cover 99.9% of them (`runtime.draft_vocab_size`, `--draft-vocab auto`; lossless)
+- draft vocabulary: `dflash_trt_draft_vocab.json` ranks the {vocab['n']} distinct tokens of {vocab['source']}
+  (what the target emits, whichever run's data counted them); the recommended {vocab['recommended']} cover 99.9% of them (`runtime.draft_vocab_size`, `--draft-vocab auto`; lossless)
 
 ## Measured acceptance
 
@@ -96,9 +96,11 @@ def continuation(run: dict) -> str:
 def objective(run: dict) -> str:
     if not run.get("distill_temperature"):
         return ""
-    w = run.get("distill_weight", 1.0)
-    return (f"; loss {w:g} x KL to the target's distribution at T {run['distill_temperature']:g} + {1 - w:g} x the "
-            f"hard-label CE (`--distill-temperature`, `--distill-weight`)")
+    w, slots = run.get("distill_weight", 1.0), run.get("distill_slots")
+    where = f" at block slot{'s 1..' if slots and slots > 1 else ' '}{slots}" if slots else ""
+    return (f"; loss {w:g} x KL to the target's distribution at T {run['distill_temperature']:g}{where} + {1 - w:g} x "
+            f"the hard-label CE (`--distill-temperature`, `--distill-weight`"
+            f"{', `--distill-slots`' if slots else ''})")
 
 
 def sampled_table(rows: list[dict] | None) -> str:
@@ -112,3 +114,8 @@ def sampled_table(rows: list[dict] | None) -> str:
             "|---|---|---|---|---|\n" + lines + "\n\n`dflash-trt bench --block-sizes 16 --num-prompts 32 --temperature "
             "0,0.7,1.0,1.5 --width-policy fixed --draft-confidence 0` gives the τ column, the same without the last two "
             "options the speed-up.")
+
+
+def stride(run: dict) -> str:
+    n = run.get("prompt_stride", 1)
+    return f" (every {n}{'nd' if n == 2 else 'th'} prompt of the stream)" if n > 1 else ""
