@@ -368,6 +368,7 @@ def main() -> None:
         elif stage == "measure":
             log["measured"] = measure(args.work)
             log["measured_sampled"] = measure_sampled(args.work)
+            log["measured_on"] = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d")}
             write_cards(args.work, log, TARGET_SHAPE)
         log.setdefault("seconds", {})[stage] = round(time.perf_counter() - t0)
         log_path.write_text(json.dumps(log, indent=2))
@@ -409,6 +410,17 @@ def install(work: Path) -> None:
         shutil.copytree(src, dst, ignore=shutil.ignore_patterns("generation_config.json"))
     shutil.copy(work / "heldout_prompts.jsonl", ASSETS / "heldout_prompts.jsonl")
     shutil.copy(work / "make_log.json", ASSETS / "make_log.json")
+
+
+def cpu_name() -> str:
+    """'Intel(R) Xeon(R) Processor, 2 cores, L3 480 MiB' from /proc/cpuinfo and sysfs (what the speed-ups depend on)."""
+    import os
+
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown CPU")
+    l3 = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")
+    return f"{name}, {os.cpu_count()} cores" + (f", L3 {l3.read_text().strip()}" if l3.is_file() else "")
 
 
 def measure_sampled(work: Path, prompts: int = 32, new_tokens: int = 128, temperatures=(0.0, 0.7, 1.0, 1.5),

@@ -19,7 +19,7 @@ def write_cards(work: Path, log: dict, shape: dict) -> None:
         for b, v in m.items())
     measured = ("| block size | draft confidence | τ | DFlash tok/s | AR tok/s | speed-up | identical |\n"
                 "|---|---|---|---|---|---|---|\n"
-                + table + "\n\nGreedy, batch 1, fp32, one CPU thread, on 32 held-out prompts x 128 new tokens "
+                + table + f"\n\nGreedy, batch 1, fp32, one CPU thread{machine(log)}, on 32 held-out prompts x 128 new tokens "
                 "(`dflash_trt/assets/heldout_prompts.jsonl`); `dflash-trt bench` reproduces it.")
     measured += sampled_table(log.get("measured_sampled"))
     source = (f"Python {data['stdlib']} standard library sources ({data['train_files']} training files, "
@@ -119,3 +119,9 @@ def sampled_table(rows: list[dict] | None) -> str:
 def stride(run: dict) -> str:
     n = run.get("prompt_stride", 1)
     return f" (every {n}{'nd' if n == 2 else 'th'} prompt of the stream)" if n > 1 else ""
+
+
+def machine(log: dict) -> str:
+    """' (on <cpu>, <date>)' when make_log.json records where the measure stage ran."""
+    m = log.get("measured_on")
+    return f" (on {m['cpu']}, {m['date']})" if m else ""
