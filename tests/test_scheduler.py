@@ -149,7 +149,7 @@ def test_schedule_block_1_runs_autoregressive_steps_and_keeps_the_draft_context(
             assert svc.scheduler.verify_width(3) == (1 if schedule else 16)
             runs[bool(schedule)] = svc.generate(requests)
             if schedule:
-                _assert_draft_context_complete(shipped_pair, svc.scheduler.draft.cache, requests, runs[True])
+                _assert_draft_context_complete(shipped_pair, svc.scheduler.draft, requests, runs[True])
         finally:
             svc.shutdown()
     for got in runs.values():
@@ -164,13 +164,20 @@ def test_schedule_block_1_runs_autoregressive_steps_and_keeps_the_draft_context(
         assert sum(tail) / len(tail) >= 0.7 * sum(plain[-10:]) / 10
 
 
-def _assert_draft_context_complete(pair, cache, requests, results):
-    """Slot r (admission order) holds the context K/V of every committed position except the last
-    step's (still pending): equal to the drafter's K/V over the target's taps of the whole sequence."""
+def _assert_draft_context_complete(pair, runner, requests, results):
+    """Every committed position but the last token (the bonus) is context: slot r (admission order) holds
+    the K/V of a prefix of them, equal to the drafter's K/V over the target's taps of the whole sequence,
+    and the runner's pending contexts (the steps since its last draft pass: stored by the next one) hold
+    exactly the rest."""
     import torch
 
-    target, draft = pair.target, pair.draft
+    target, draft, cache = pair.target, pair.draft, runner.cache
     for slot, (request, result) in enumerate(zip(requests, results)):
+        pending = sorted(p for slots, _, positions, valid in runner.pending for row, s in enumerate(slots.tolist())
+                         if s == slot for p in positions[row][valid[row]].tolist())
+        total = len(request.prompt) + len(result.tokens) - 1
+        m = pending[0] if pending else total
+        assert pending == list(range(m, total)), (slot, m, pending)
         sequence = torch.tensor([list(request.prompt) + result.tokens])
         positions = torch.arange(sequence.shape[1])[None]
         with torch.inference_mode():
@@ -178,7 +185,6 @@ def _assert_draft_context_complete(pair, cache, requests, results):
                              draft.config.target_layer_ids)
             ctx = draft.context_features(taps)
             cos, sin = draft.rotary(positions, ctx.dtype)
-            m = len(request.prompt) + sum(result.acceptance_lengths[:-1])
             for i, layer in enumerate(draft.layers):
                 k, v = layer.self_attn.key_value(ctx, cos, sin)  # [1, T, kv_heads, D]
                 assert torch.allclose(cache.k[i, slot, :, :m], k[0, :m].transpose(0, 1), atol=1e-4), (slot, i)

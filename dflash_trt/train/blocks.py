@@ -170,7 +170,9 @@ def chain_acceptance_length(draft: DFlashDraft, target: Target, features, tokens
     generated token (each step commits the leading matches plus one, the next anchor is the token
     after them), `new_tokens` per row. On target-regenerated greedy data this is what decoding those
     prompts gives (up to rounding); the uniform-anchor average of per-slot accuracy overstates it,
-    since easy stretches take few steps. -> (τ, steps)."""
+    since easy stretches take few steps. As in decoding, a block never drafts past the tokens still to
+    come: the last blocks narrow (a narrower block is another non-causal problem, with other drafts).
+    -> (τ, steps)."""
     committed = steps = 0
     for r in rows:
         trained = loss_mask[r].nonzero()[:, 0]
@@ -178,20 +180,30 @@ def chain_acceptance_length(draft: DFlashDraft, target: Target, features, tokens
             continue
         first, end = int(trained[0]), int(trained[-1]) + 1  # the prefill's bonus sits at `first`
         hidden = features(torch.tensor([r]))
-        lengths = []  # committed tokens of a step anchored at first + i
-        for a0 in range(first, end - 1, chunk):
-            anchors = torch.arange(a0, min(a0 + chunk, end - 1))[None]
-            batch = blocks_at(tokens[r : r + 1], loss_mask[r : r + 1], anchors, block_size, draft.config.mask_token_id, 1.0)
-            logits = draft_training_logits(draft, target, hidden, batch)
-            hits = (logits.argmax(-1) == batch.labels)[0].to(torch.int64)  # -100 labels never hit
-            lengths += (hits.cumprod(dim=1).sum(dim=1) + 1).tolist()
         budget = min(new_tokens, end - first) - 1  # tokens after the prefill's one
+        lengths = []  # committed tokens of a step anchored at first + i
+        full = max(first, first + budget - block_size + 1)  # anchors from here on have fewer tokens to come
+        for a0 in range(first, min(full, end - 1), chunk):
+            anchors = torch.arange(a0, min(a0 + chunk, full, end - 1))[None]
+            lengths += _chain_lengths(draft, target, hidden, tokens[r : r + 1], loss_mask[r : r + 1], anchors, block_size)
+        for a in range(full, min(first + budget, end - 1)):  # width = the tokens still to come (1: an AR step)
+            width = first + budget - a
+            lengths += [1] if width < 2 else _chain_lengths(draft, target, hidden, tokens[r : r + 1],
+                                                             loss_mask[r : r + 1], torch.tensor([[a]]), width)
         done, i = 0, 0
         while done < budget and i < len(lengths):
             take = min(lengths[i], budget - done)
             done, i, steps = done + take, i + take, steps + 1
         committed += done
     return (committed / steps if steps else float("nan")), steps
+
+
+def _chain_lengths(draft, target, hidden, tokens, loss_mask, anchors, width: int) -> list[int]:
+    """Tokens a greedy step anchored at each of `anchors` [1, n] commits with blocks of `width`."""
+    batch = blocks_at(tokens, loss_mask, anchors, width, draft.config.mask_token_id, 1.0)
+    logits = draft_training_logits(draft, target, hidden, batch)
+    hits = (logits.argmax(-1) == batch.labels)[0].to(torch.int64)  # -100 labels never hit
+    return (hits.cumprod(dim=1).sum(dim=1) + 1).tolist()
 
 
 def cosine_lr(step: int, total: int, peak: float, warmup: float = 0.04) -> float:
