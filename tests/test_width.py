@@ -399,3 +399,24 @@ def test_an_arm_timed_once_is_rechecked_soon():
         mw.update([2] * 4, [int(step % 10 < 3)] * 4 if w > 1 else [0] * 4, w, cost[w] * cold)
     assert chosen[:4] == [8, 4, 2, 1] and 2 in chosen[4:8]  # the cold AR step makes width 2 look best at first
     assert chosen[-20:].count(1) >= 18, chosen  # AR rechecked soon, then held
+
+
+def test_a_burst_of_slow_ar_steps_does_not_hand_the_batch_to_a_losing_width():
+    """A batch's first AR steps after admitting requests run ~2x (served in process, 4 rows: 4.4-5.3 ms against
+    2.2-2.4, a dozen steps at a time). Timed by the median of its last 7 steps, the AR arm read 4.2 ms after such
+    a burst and width 2 (5 ms for ~1.7 tokens a row, 0.78x of AR) held the batch for the rest of the run; AR
+    steps keep a longer memory (`ar_window`), so the burst passes and AR steps stay the choice."""
+    def run(**kw):
+        mw, chosen = MeasuredWidth(8, **kw), []
+        for step in range(400):
+            w = mw.width([0] * 4)
+            chosen.append(w)
+            burst = w == 1 and 150 <= step < 165  # 15 slow AR steps
+            cost = {1: 0.0023 * (2 if burst else 1), 2: 0.005, 4: 0.0092, 8: 0.0146}[w]
+            mw.update([0] * 4, [int((step * 7) % 10 < 7)] * 4 if w > 1 else [0] * 4, w, cost)
+        return chosen[170:]
+
+    short = run(ar_window=7)
+    assert short.count(2) > short.count(1)  # the failure: the burst's median hands the batch to width 2
+    after = run()
+    assert after.count(1) / len(after) > 0.9, after
