@@ -277,17 +277,13 @@ def train_drafter(work: Path, seed: int, steps: int, layers: int, init: Path | N
         target_layer_ids=taps,  # include the last layer (HF post-norm): shallow targets need deep taps
         regenerate=True, regen_prompt_tokens=64, regen_new_tokens=192, seed=seed, save_every=250,
         init=None if init is None else str(init),
-        regen_temperature=_one_or_list(regen_temperature or [0.0]),
+        regen_temperature=list(regen_temperature or [0.0]),
         distill_temperature=distill_temperature, distill_weight=distill_weight, distill_slots=distill_slots,
         eval_samples=eval_samples,
         cache_features=True,  # the 24-layer target's features take ~15 min; a rerun or deeper drafter reuses them
         feature_memory_gb=12.0,  # 12288 samples x 256 x 3 taps x 192 x 4 bytes = 7.2 GB, held in memory (24 GB box)
     )
     return train_draft(cfg)
-
-
-def _one_or_list(values: list[float]) -> float | list[float]:
-    return values[0] if len(values) == 1 else list(values)  # one value is recorded as a number, as train-draft does
 
 
 def main() -> None:
@@ -358,7 +354,9 @@ def main() -> None:
             log["draft"] = {k: v for k, v in summary.items() if k != "loss_history"} | {
                 "layers": args.draft_layers, "samples": args.draft_samples, "lr": args.draft_lr,
                 "init": None if args.draft_init is None else str(args.draft_init),
-                "regen_temperature": _one_or_list(regen), "distill_temperature": args.draft_distill_temperature,
+                "regen_temperature": json.loads((args.work / "draft" / "dflash_trt_train.json").read_text())[
+                    "regen_temperature"],  # as the run recorded it
+                "distill_temperature": args.draft_distill_temperature,
                 "distill_weight": args.draft_distill_weight if args.draft_distill_temperature else None,
                 "distill_slots": args.draft_distill_slots if args.draft_distill_temperature else None,
                 "prompt_stride": args.draft_prompt_stride, "eval_samples": args.draft_eval_samples,
@@ -377,18 +375,27 @@ def main() -> None:
         install(args.work)
 
 
-def measure(work: Path, prompts: int = 32, new_tokens: int = 128) -> dict:
-    """τ at block 8 and 16 and the DFlash / AR speed ratio on held-out prompts (greedy, batch 1)."""
-    from dflash_trt.bench.local import bench_block_size, load_prompts, warm_up
-    from dflash_trt.decoding.sampling import SamplingParams
-    from dflash_trt.runtime.local import default_draft_confidence, load_pair
+def _bench_setup(work: Path, prompts: int, draft_vocab: str | None):
+    """The --work pair (fp32, CPU; `draft_vocab` as `--draft-vocab`), its first `prompts` held-out prompts and
+    stop ids, both decoders warmed up."""
+    from dflash_trt.bench.local import load_prompts, warm_up
+    from dflash_trt.runtime.local import apply_draft_vocab, load_pair
     from dflash_trt.tokenizer import stop_token_ids
 
-    pair = load_pair(work / "target", work / "draft", "fp32", "cpu")
+    pair = apply_draft_vocab(load_pair(work / "target", work / "draft", "fp32", "cpu"), draft_vocab)
     held = load_prompts(work / "heldout_prompts.jsonl", pair.tokenizer, prompts)
-    stops = stop_token_ids(pair.tokenizer, pair.target.config.eos_token_ids)
     with torch.inference_mode():
         warm_up(pair, held[0], 16)
+    return pair, held, stop_token_ids(pair.tokenizer, pair.target.config.eos_token_ids)
+
+
+def measure(work: Path, prompts: int = 32, new_tokens: int = 128) -> dict:
+    """τ at block 8 and 16 and the DFlash / AR speed ratio on held-out prompts (greedy, batch 1)."""
+    from dflash_trt.bench.local import bench_block_size
+    from dflash_trt.decoding.sampling import SamplingParams
+    from dflash_trt.runtime.local import default_draft_confidence
+
+    pair, held, stops = _bench_setup(work, prompts, draft_vocab=None)
     out = {}
     cut = default_draft_confidence("cpu")
     for confidence in (0.0, cut):  # full blocks (the τ the drafter reaches), then the CPU default
@@ -427,16 +434,11 @@ def measure_sampled(work: Path, prompts: int = 32, new_tokens: int = 128, temper
                     seed: int = 0) -> list[dict]:
     """τ with full blocks of 16 and the speed-up with the CPU defaults (`auto` widths, the confidence cut) at each
     temperature, batch 1, the same prompts and seed as `dflash-trt bench --temperature 0,0.7,1.0,1.5`."""
-    from dflash_trt.bench.local import bench_block_size, load_prompts, warm_up
+    from dflash_trt.bench.local import bench_block_size
     from dflash_trt.decoding.sampling import SamplingParams
-    from dflash_trt.runtime.local import apply_draft_vocab, default_draft_confidence, load_pair
-    from dflash_trt.tokenizer import stop_token_ids
+    from dflash_trt.runtime.local import default_draft_confidence
 
-    pair = apply_draft_vocab(load_pair(work / "target", work / "draft", "fp32", "cpu"), "auto")  # as bench does
-    held = load_prompts(work / "heldout_prompts.jsonl", pair.tokenizer, prompts)
-    stops = stop_token_ids(pair.tokenizer, pair.target.config.eos_token_ids)
-    with torch.inference_mode():
-        warm_up(pair, held[0], 16)
+    pair, held, stops = _bench_setup(work, prompts, draft_vocab="auto")  # as bench does
     rows = []
     for t in temperatures:
         params = SamplingParams(t, seed=seed)

@@ -118,7 +118,7 @@ def sampled_table(rows: list[dict] | None) -> str:
 
 def stride(run: dict) -> str:
     n = run.get("prompt_stride", 1)
-    return f" (every {n}{'nd' if n == 2 else 'th'} prompt of the stream)" if n > 1 else ""
+    return f" (prompts 0, {n}, {2 * n}, ... of the stream)" if n > 1 else ""
 
 
 def machine(log: dict) -> str:

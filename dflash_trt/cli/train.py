@@ -63,8 +63,7 @@ def train_draft_command(**options):
     from dflash_trt.train.trainer import TrainDraftConfig, train_draft
 
     options["data"] = list(options["data"])
-    temperatures = options["regen_temperature"]  # one value is recorded as a number, as before lists existed
-    options["regen_temperature"] = temperatures[0] if len(temperatures) == 1 else list(temperatures)
+    options["regen_temperature"] = list(options["regen_temperature"])  # TrainDraftConfig records one as a number
     summary = train_draft(TrainDraftConfig(**options))
     click.echo(json.dumps(summary | {"out": options["out"]}, indent=2))
 

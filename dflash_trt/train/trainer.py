@@ -99,6 +99,9 @@ class TrainDraftConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.seq_len < 4:
             raise ConfigError(f"seq_len must be >= 4, got {self.seq_len}")
+        if isinstance(self.regen_temperature, (list, tuple)):  # one value is recorded as a number, as before lists
+            temps = [float(t) for t in self.regen_temperature]
+            self.regen_temperature = temps[0] if len(temps) == 1 else temps
         if self.gamma is None:
             self.gamma = 7.0 * (self.block_size - 1) / 15
 
