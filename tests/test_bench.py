@@ -86,3 +86,19 @@ def test_local_bench_races_the_zlab_reference_with_identical_tokens(tiny_pair, t
     assert comparison["speedup"] > 0 and comparison["reference_tokens_per_s"] > 0
     refused = CliRunner().invoke(cli, args + ["--reference", "--temperature", "0.7"])
     assert refused.exit_code == 2 and "--reference" in refused.output and "greedy" in refused.output
+
+
+def test_local_bench_gives_each_prompt_its_own_seed(tiny_pair):
+    """One seed for every prompt drew the same noise at the same positions in each (the same prompt twice
+    sampled the same tokens); prompt i samples with seed + i, as served mode's requests do."""
+    from dflash_trt.bench.local import prompt_requests
+    from dflash_trt.decoding.autoregressive import autoregressive_generate
+    from dflash_trt.decoding.sampling import SamplingParams
+    from dflash_trt.runtime.local import load_pair
+
+    pair = load_pair(tiny_pair[0], tiny_pair[1], "fp32", "cpu")
+    same = [[5, 6, 7]] * 3
+    requests = prompt_requests(same, SamplingParams(1.5, seed=40), 16)
+    assert [r.params.seed for r in requests] == [40, 41, 42] and all(r.params.temperature == 1.5 for r in requests)
+    outputs = [tuple(g.tokens) for g in autoregressive_generate(pair.target, requests)]
+    assert len(set(outputs)) == 3  # the same prompt, three different samples

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -89,6 +89,14 @@ def _timed(fn):
     return out, time.perf_counter() - t0
 
 
+def prompt_requests(prompts: list[list[int]], params: SamplingParams, max_new_tokens: int,
+                    stop_ids: frozenset[int] = frozenset()) -> list[Request]:
+    """One request per prompt; prompt i samples with seed + i, as served mode's requests do (one seed for
+    every prompt would draw the same noise at the same positions in each)."""
+    return [Request(tuple(prompt), replace(params, seed=params.seed + i), StopCriteria(max_new_tokens, stop_ids))
+            for i, prompt in enumerate(prompts)]
+
+
 @torch.inference_mode()
 def bench_block_size(pair, prompts: list[list[int]], block_size: int, max_new_tokens: int,
                      params: SamplingParams, stop_ids: frozenset[int], progress=None,
@@ -100,10 +108,15 @@ def bench_block_size(pair, prompts: list[list[int]], block_size: int, max_new_to
     width = AdaptiveWidth(block_size, adaptive_cost) if adaptive_cost is not None else None
     if width_policy in ("measured", "auto"):  # auto: greedy rows keep the full block (`fixed`)
         width = MeasuredWidth(block_size, greedy=(lambda batch: block_size) if width_policy == "auto" else None)
+    # steady state, as a server runs: one untimed prompt first at this temperature (a seed no timed prompt
+    # has) warms the sampling paths and gives the width policy its first measurements, which a fresh policy
+    # otherwise pays for inside the first prompts (exploring every arm, widest first)
+    *requests, warm = prompt_requests(prompts + prompts[:1], params, max_new_tokens, stop_ids)
+    speculative_generate(pair.target, pair.draft, [warm], block_size, width=width, min_confidence=min_confidence)
+    autoregressive_generate(pair.target, [warm])
     spec_s = ar_s = 0.0
     tokens, identical, lengths, accepted = 0, True, [], []
-    for prompt in prompts:
-        request = Request(tuple(prompt), params, StopCriteria(max_new_tokens, stop_ids))
+    for request in requests:
         (spec,), t_spec = _timed(lambda: speculative_generate(pair.target, pair.draft, [request], block_size,
                                                               width=width, min_confidence=min_confidence))
         (ar,), t_ar = _timed(lambda: autoregressive_generate(pair.target, [request]))
