@@ -35,6 +35,8 @@ def test_local_bench_writes_schema_and_histogram(tiny_pair, tmp_path):
         assert {"mean_acceptance_length", "per_position_acceptance", "spec_tokens_per_s", "ar_tokens_per_s",
                 "speedup", "acceptance_histogram"} <= set(r)
         assert len(r["per_position_acceptance"]) == r["block_size"] - 1
+        lo, hi = r["speedup_ci95"]
+        assert lo <= r["speedup"] <= hi
     _png_ok(tmp_path / "out" / "acceptance_histogram.png")
 
 
@@ -102,3 +104,17 @@ def test_local_bench_gives_each_prompt_its_own_seed(tiny_pair):
     assert [r.params.seed for r in requests] == [40, 41, 42] and all(r.params.temperature == 1.5 for r in requests)
     outputs = [tuple(g.tokens) for g in autoregressive_generate(pair.target, requests)]
     assert len(set(outputs)) == 3  # the same prompt, three different samples
+
+
+def test_speedup_interval_spans_what_the_prompts_disagree_on():
+    """The local bench's 95% interval of the speed-up: prompts resampled with their DFlash and AR seconds kept
+    together. Prompts that agree give a point; prompts that disagree give an interval around the ratio of sums."""
+    from dflash_trt.bench.local import speedup_interval
+
+    assert speedup_interval([(1.0, 2.0)] * 8) == (2.0, 2.0)  # every prompt 2x: no doubt
+    pairs = [(1.0, 2.0), (1.0, 0.8), (2.0, 3.0), (1.0, 1.1), (0.5, 1.5), (1.0, 0.9)] * 3
+    lo, hi = speedup_interval(pairs)
+    ratio = sum(ar for _, ar in pairs) / sum(spec for spec, _ in pairs)
+    assert lo < ratio < hi and 0.8 < lo and hi < 2.0
+    assert speedup_interval(pairs) == (lo, hi)  # seeded: a run reports one interval
+    assert speedup_interval(pairs * 4)[1] - speedup_interval(pairs * 4)[0] < hi - lo  # more prompts, narrower

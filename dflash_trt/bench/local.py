@@ -34,6 +34,7 @@ class BlockResult:
     identical: bool
     acceptance_lengths: list[int] = field(default_factory=list, repr=False)
     temperature: float = 0.0
+    prompt_seconds: list[tuple[float, float]] = field(default_factory=list, repr=False)  # (DFlash, AR) per prompt
 
     @property
     def spec_tokens_per_s(self) -> float:
@@ -47,11 +48,34 @@ class BlockResult:
     def speedup(self) -> float:
         return self.ar_seconds / self.spec_seconds
 
+    @property
+    def speedup_interval(self) -> tuple[float, float]:
+        """A 95% interval of the speed-up: prompts resampled with replacement (each keeps its DFlash and AR
+        seconds together), the ratio of sums of each resample, its 2.5th and 97.5th percentiles. It spans what
+        the prompts' mix and a shared machine's drift make of one run; a ratio whose interval holds 1.0 has
+        not been told apart from AR by this run."""
+        return speedup_interval(self.prompt_seconds) if self.prompt_seconds else (self.speedup, self.speedup)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("acceptance_lengths")
+        d.pop("prompt_seconds")
         return d | {"spec_tokens_per_s": self.spec_tokens_per_s, "ar_tokens_per_s": self.ar_tokens_per_s,
-                    "speedup": self.speedup}
+                    "speedup": self.speedup, "speedup_ci95": list(self.speedup_interval)}
+
+
+def speedup_interval(pairs: list[tuple[float, float]], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of sum(AR) / sum(DFlash) over (DFlash s, AR s) pairs (fixed seed: the
+    same run reports the same interval)."""
+    import random
+
+    rng, n = random.Random(seed), len(pairs)
+    ratios = []
+    for _ in range(resamples):
+        picked = [pairs[rng.randrange(n)] for _ in range(n)]
+        ratios.append(sum(ar for _, ar in picked) / sum(spec for spec, _ in picked))
+    ratios.sort()
+    return ratios[int(0.025 * (resamples - 1))], ratios[int(0.975 * (resamples - 1))]
 
 
 def load_prompts(path: str | Path | None, tokenizer, limit: int | None, served: bool = False) -> list:
@@ -115,12 +139,23 @@ def bench_block_size(pair, prompts: list[list[int]], block_size: int, max_new_to
     speculative_generate(pair.target, pair.draft, [warm], block_size, width=width, min_confidence=min_confidence)
     autoregressive_generate(pair.target, [warm])
     spec_s = ar_s = 0.0
-    tokens, identical, lengths, accepted = 0, True, [], []
-    for request in requests:
-        (spec,), t_spec = _timed(lambda: speculative_generate(pair.target, pair.draft, [request], block_size,
-                                                              width=width, min_confidence=min_confidence))
-        (ar,), t_ar = _timed(lambda: autoregressive_generate(pair.target, [request]))
+    tokens, identical, lengths, accepted, pairs = 0, True, [], [], []
+    for i, request in enumerate(requests):
+        def spec_run(request=request):
+            return speculative_generate(pair.target, pair.draft, [request], block_size, width=width,
+                                        min_confidence=min_confidence)
+
+        def ar_run(request=request):
+            return autoregressive_generate(pair.target, [request])
+
+        if i % 2:  # every other prompt AR first: a machine's drift within a prompt's pair favours neither
+            (ar,), t_ar = _timed(ar_run)
+            (spec,), t_spec = _timed(spec_run)
+        else:
+            (spec,), t_spec = _timed(spec_run)
+            (ar,), t_ar = _timed(ar_run)
         spec_s, ar_s = spec_s + t_spec, ar_s + t_ar
+        pairs.append((t_spec, t_ar))
         identical &= spec.tokens == ar.tokens
         tokens += len(spec.tokens)
         lengths += spec.acceptance_lengths
@@ -134,7 +169,7 @@ def bench_block_size(pair, prompts: list[list[int]], block_size: int, max_new_to
         mean_acceptance_length=sum(lengths) / len(lengths),
         per_position_acceptance=[sum(a >= i for a in accepted) / len(accepted) for i in range(1, k + 1)],
         acceptance_histogram={n: lengths.count(n) for n in range(1, block_size + 1)},
-        identical=identical, acceptance_lengths=lengths, temperature=params.temperature,
+        identical=identical, acceptance_lengths=lengths, temperature=params.temperature, prompt_seconds=pairs,
     )
 
 

@@ -15,13 +15,14 @@ def say(message: str) -> None:
 def print_local(results, caption: str | None = None) -> None:
     table = Table(title="DFlash vs autoregressive (local torch runtime, batch 1, same prompts, one run)",
                   caption=caption)
-    for column in ("T", "block", "prompts", "tokens", "τ", "DFlash tok/s", "AR tok/s", "speed-up", "identical",
+    for column in ("T", "block", "prompts", "tokens", "τ", "DFlash tok/s", "AR tok/s", "speed-up (95% interval)", "identical",
                    "acceptance by draft position"):
         table.add_column(column, justify="right")
     for r in results:
         rates = " ".join(f"{p:.2f}" for p in r.per_position_acceptance[:8]) + (" …" if r.block_size > 9 else "")
         table.add_row(f"{r.temperature:g}", str(r.block_size), str(r.prompts), str(r.generated_tokens), f"{r.mean_acceptance_length:.2f}",
-                      f"{r.spec_tokens_per_s:.1f}", f"{r.ar_tokens_per_s:.1f}", f"{r.speedup:.2f}x",
+                      f"{r.spec_tokens_per_s:.1f}", f"{r.ar_tokens_per_s:.1f}",
+                      f"{r.speedup:.2f}x ({r.speedup_interval[0]:.2f}-{r.speedup_interval[1]:.2f})",
                       "yes" if r.identical else "NO", rates)
     _console.print(table)
 
