@@ -15,8 +15,8 @@ def say(message: str) -> None:
 def print_local(results, caption: str | None = None) -> None:
     table = Table(title="DFlash vs autoregressive (local torch runtime, batch 1, same prompts, one run)",
                   caption=caption)
-    for column in ("T", "block", "prompts", "tokens", "τ", "DFlash tok/s", "AR tok/s", "speed-up (95% interval)", "identical",
-                   "acceptance by draft position"):
+    for column in ("T", "block", "prompts", "tokens", "τ", "DFlash tok/s", "AR tok/s", "speed-up (95% interval)",
+                   "identical", "acceptance by draft position"):
         table.add_column(column, justify="right")
     for r in results:
         rates = " ".join(f"{p:.2f}" for p in r.per_position_acceptance[:8]) + (" …" if r.block_size > 9 else "")
