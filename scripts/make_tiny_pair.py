@@ -377,15 +377,13 @@ def main() -> None:
 
 def _bench_setup(work: Path, prompts: int, draft_vocab: str | None):
     """The --work pair (fp32, CPU; `draft_vocab` as `--draft-vocab`), its first `prompts` held-out prompts and
-    stop ids, both decoders warmed up."""
-    from dflash_trt.bench.local import load_prompts, warm_up
+    stop ids (bench_block_size warms both decoders itself)."""
+    from dflash_trt.bench.local import load_prompts
     from dflash_trt.runtime.local import apply_draft_vocab, load_pair
     from dflash_trt.tokenizer import stop_token_ids
 
     pair = apply_draft_vocab(load_pair(work / "target", work / "draft", "fp32", "cpu"), draft_vocab)
     held = load_prompts(work / "heldout_prompts.jsonl", pair.tokenizer, prompts)
-    with torch.inference_mode():
-        warm_up(pair, held[0], 16)
     return pair, held, stop_token_ids(pair.tokenizer, pair.target.config.eos_token_ids)
 
 

@@ -20,9 +20,10 @@ def print_local(results, caption: str | None = None) -> None:
         table.add_column(column, justify="right")
     for r in results:
         rates = " ".join(f"{p:.2f}" for p in r.per_position_acceptance[:8]) + (" …" if r.block_size > 9 else "")
+        lo, hi = r.speedup_interval  # a bootstrap: computed once a row
         table.add_row(f"{r.temperature:g}", str(r.block_size), str(r.prompts), str(r.generated_tokens), f"{r.mean_acceptance_length:.2f}",
                       f"{r.spec_tokens_per_s:.1f}", f"{r.ar_tokens_per_s:.1f}",
-                      f"{r.speedup:.2f}x ({r.speedup_interval[0]:.2f}-{r.speedup_interval[1]:.2f})",
+                      f"{r.speedup:.2f}x ({lo:.2f}-{hi:.2f})",
                       "yes" if r.identical else "NO", rates)
     _console.print(table)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from dflash_trt.bench import plots, report
-from dflash_trt.bench.local import bench_block_size, load_prompts, warm_up
+from dflash_trt.bench.local import bench_block_size, load_prompts
 from dflash_trt.bench.served import scaling, sweep
 from dflash_trt.decoding.sampling import SamplingParams
 from dflash_trt.engine.config import resolve_model_path
@@ -41,9 +41,7 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
     apply_draft_vocab(pair, draft_vocab)
     prompts = load_prompts(prompts_path, pair.tokenizer, num_prompts)
     stop_ids = stop_token_ids(pair.tokenizer, pair.target.config.eos_token_ids)
-    with torch.inference_mode():
-        warm_up(pair, prompts[0], max(block_sizes))
-    results = []
+    results = []  # each (temperature, block size) warms both decoders on an untimed prompt first (bench_block_size)
     temperatures = sampling.get("temperatures") or [sampling.get("temperature", 0.0)]
     with Progress(transient=True) as progress:
         for temperature in temperatures:
