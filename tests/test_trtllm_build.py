@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from dflash_trt.backends.trtllm.build import build_trtllm_bundle, plan_trtllm_build, write_engine_config
+from dflash_trt.backends.trtllm.io_spec import TargetOutputs
+from dflash_trt.backends.trtllm.plugin import DFLASH_VERIFY
+from dflash_trt.backends.trtllm.target_build import MODEL_CLS_FILE, engine_lengths, trtllm_build_args, write_model_class
 from dflash_trt.engine.config import load_build_config
 from dflash_trt.errors import ConfigError, MissingDependencyError, UnsupportedModelError
-from dflash_trt.trtllm.build import build_trtllm_bundle, plan_trtllm_build, write_engine_config
-from dflash_trt.trtllm.io_spec import TargetOutputs
-from dflash_trt.trtllm.plugin import DFLASH_VERIFY
-from dflash_trt.trtllm.target_build import MODEL_CLS_FILE, engine_lengths, trtllm_build_args, write_model_class
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN_DIR = ROOT / "plugins" / "dflash_verify" / "tensorrt"
@@ -158,9 +158,10 @@ QWEN3_8B = dict(n_taps=5, hidden_size=4096, vocab_size=151936, block_size=16, dt
 
 
 def test_additional_outputs_of_the_qwen3_preset_reserve_under_2_gb_for_greedy_serving():
-    """RuntimeBuffers allocates every registered additional output [max_num_tokens, X] (runtimeBuffers.cpp, search
-    id 730531010) before the KV cache is sized (id 538519496): greedy serving must stay small, sampled costs tens of GB."""
-    from dflash_trt.trtllm.io_spec import describe_reserved
+    """RuntimeBuffers allocates every registered additional output [max_num_tokens, X] (TensorRT-LLM
+    cpp/tensorrt_llm/batch_manager/runtimeBuffers.cpp@2a9abd9) before the KV cache is sized
+    (trtGptModelInflightBatching.cpp@b35ac1b): greedy serving must stay small, sampled costs tens of GB."""
+    from dflash_trt.backends.trtllm.io_spec import describe_reserved
 
     cfg = load_build_config(ROOT / "build_configs" / "qwen3-8b-fp8-hopper.yaml")
     tokens = engine_lengths(cfg.runtime.max_seq_len, cfg.block_size, cfg.runtime.max_batch_size)["max_num_tokens"]
@@ -212,7 +213,7 @@ def test_config_errors_name_the_field(tmp_path, tiny_pair):
         plan_trtllm_build(load_build_config(_config(tmp_path, tiny_pair, quant="fp8", dtype="fp32")), tmp_path / "b")
     with pytest.raises(ConfigError, match="'block_size'"):
         plan_trtllm_build(load_build_config(_config(tmp_path, tiny_pair, block_size=64)), tmp_path / "b")
-    # builder.py (search id 205252225) turns paged context FMHA off for FP8 KV without FP8 / NVFP4 weights
+    # tensorrt_llm/builder.py (build()) turns paged context FMHA off for FP8 KV without FP8 / NVFP4 weights
     with pytest.raises(ConfigError, match="'kv_cache': fp8 with quant: none"):
         plan_trtllm_build(load_build_config(_config(tmp_path, tiny_pair, kv_cache="fp8")), tmp_path / "b")
     for quant in ("fp8", "nvfp4"):

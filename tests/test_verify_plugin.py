@@ -343,7 +343,7 @@ GPUS = {"A100": (8, 0), "A10": (8, 6), "L40S": (8, 9), "H200": (9, 0), "B200": (
 
 def test_coverage_rules_and_the_old_default():
     """Portable cubins run on later minors of their major, `a` cubins on their GPU only, PTX on anything newer."""
-    old = archs.Archs(("90a", "100a", "120a"), ())  # the audit's finding 4: "no kernel image" on these
+    old = archs.Archs(("90a", "100a", "120a"), ())  # "no kernel image" on these
     assert [n for n, c in GPUS.items() if not archs.covers(old, c)] == ["A100", "A10", "L40S", "B300", "GB10",
                                                                          "Jetson Thor"]
     assert not archs.covers(archs.DEFAULT, (7, 5)) and not archs.covers(archs.DEFAULT, (7, 0))  # T4, V100

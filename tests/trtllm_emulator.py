@@ -3,28 +3,29 @@
 TensorRT-LLM cannot run here. This answers `enqueue_requests` / `await_responses` the way upstream's
 executor does, computing the engine's DFlash outputs (docs/trtllm-backend.md: dflash_taps,
 dflash_accept, dflash_tail_logits) with the torch target over each request's input. What it encodes
-is UPSTREAM's behaviour, each rule with the source it follows (search-index ids, see
-shared/reference/upstream-audit-2026-12.md), not what our runner would like:
+is UPSTREAM's behaviour, each rule with the upstream NVIDIA/TensorRT-LLM source it follows (paths under
+cpp/, with the commit they were read at), not what our runner would like:
 
 - result names and shapes: an output requested with gather_context=True is returned twice,
   `context_<name>` [promptLen, X] and `generation_<name>` [beam=1, maxNewTokens=1, X] (its last row);
-  without it, `generation_<name>` only (LlmRequest::createResult, llmRequest.cpp id 572863852;
-  allocAdditionalOutputs, llmRequest.h id 786144818);
+  without it, `generation_<name>` only (LlmRequest::createResult,
+  tensorrt_llm/batch_manager/llmRequest.cpp@89fd9b7; allocAdditionalOutputs,
+  include/tensorrt_llm/batch_manager/llmRequest.h);
 - a request may only ask for outputs registered in the ExecutorConfig, and for a context output only
   when registered with gather_context ("Additional context output tensor not gathered",
-  findOutputTensor, inflightBatchingUtils.cpp id 149516547);
+  findOutputTensor, tensorrt_llm/batch_manager/utils/inflightBatchingUtils.cpp@a35c38f);
 - KV-cache block reuse: full blocks of tokens_per_block tokens are shared between requests with the
   same token prefix AND the same cache_salt_id (BlockKey equality includes cacheSaltID,
-  kvCacheManager.cpp id 126178160); at least the last prompt token is always computed;
+  tensorrt_llm/batch_manager/kvCacheManager.cpp@b35ac1b); at least the last prompt token is always computed;
 - a reused prefix's rows of `context_<name>` are never written (copyAdditionalOutputs copies the
-  chunk to getContextCurrentPosition(), id 149516547); the host buffer comes from a pinned pool and is
+  chunk to getContextCurrentPosition(), inflightBatchingUtils.cpp); the host buffer comes from a pinned pool and is
   not cleared, so they hold garbage: NaN here, so that reading them shows;
 - per-request outputs (gather_context=False) take the request's own row of the engine output, which
   the engine computes over the request's computed rows only (tail rows clamp, valid_rows counts them);
 - every output the engine marks must be registered (TensorRT binds every I/O tensor before
   enqueueV3: IExecutionContext::setTensorAddress), and no step holds more than max_num_tokens
   computed rows (the executor schedules the rest in a later iteration; RuntimeBuffers sizes every
-  additional output [max_num_tokens, X], runtimeBuffers.cpp id 730531010).
+  additional output [max_num_tokens, X], tensorrt_llm/batch_manager/runtimeBuffers.cpp@2a9abd9).
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from types import SimpleNamespace
 
 import torch
 
+from dflash_trt.backends.trtllm.target_model_cls import tail_rows_reference
 from dflash_trt.decoding.verify import accept_length
 from dflash_trt.model.kv_cache import KVCache
-from dflash_trt.trtllm.target_model_cls import tail_rows_reference
 
 
 class _Obj(SimpleNamespace):

@@ -22,8 +22,8 @@ ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # QWenDecoderLayer reads config.seq_length and config.use_logn_attn for every qwen_type, but QWenConfig
 # sets seq_length only in from_hugging_face (getattr(hf_config, "seq_length", 8192)): a checkpoint
-# loaded with from_checkpoint must carry both (tensorrt_llm/models/qwen/config.py and qwen/model.py,
-# search-index ids 14645444, 984454274; audit finding 1). 8192 / False are from_hugging_face's values for Qwen3.
+# loaded with from_checkpoint must carry both (upstream tensorrt_llm/models/qwen/config.py@373970a, QWenConfig;
+# tensorrt_llm/models/qwen/model.py, QWenDecoderLayer). 8192 / False are from_hugging_face's values for Qwen3.
 QWEN3_FIELDS = {"qwen_type": "qwen3", "seq_length": 8192, "use_logn_attn": False}
 DFLASH_FIELDS = ("block_size", "mask_token_id", "target_layer_ids", "num_target_layers", "layer_types",
                  "sliding_window", "is_causal", "input_embedding_scale", "output_multiplier",

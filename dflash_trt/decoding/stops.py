@@ -1,7 +1,7 @@
 """Stop strings without rescanning: incremental detokenization and one automaton for all stop strings.
 
-A request's stop strings end it as soon as its text contains any of them (DESIGN §3, "Stops"). The
-text of n tokens is not re-decoded and rescanned after every token (O(n) each, O(n * stops) to scan):
+A request's stop strings end it as soon as its text contains any of them. The text of n tokens is
+not re-decoded and rescanned after every token (O(n) each, O(n * stops) to scan):
 - `IncrementalText` decodes only a short window of recent tokens per step (the prefix/read offsets of
   TGI and vLLM): the delta is what decoding the window adds past its already-emitted prefix; a delta
   ending in an incomplete UTF-8 sequence (U+FFFD) waits for the next token. For byte-level BPE

@@ -6,8 +6,8 @@ the CI nvcc compile, `scripts/gpu_check.sh`, `dflash-trt build` (backend trtllm)
 - SASS for every GPU generation either route accepts: A100 (80), A10 / RTX 30 (86), L40S / RTX 40 (89),
   H100 / H200 (90), B200 / GB200 (100), B300 / GB300 (103), RTX 50 / RTX PRO (120), GB10 / DGX Spark (121).
   The kernels use nothing arch-specific, so the portable targets (sm_90, not sm_90a) are right;
-  arch-specific `a` cubins run on that exact GPU only (the audit's finding 4: "no kernel image" on
-  A100, L40S, B300, GB10 with the old 90a;100a;120a default).
+  arch-specific `a` cubins run on that exact GPU only (a 90a;100a;120a list gives "no kernel image" on
+  A100, L40S, B300, GB10).
 - PTX of the lowest one (compute_80): the driver JIT-compiles it on any newer GPU no cubin matches
   (Jetson Orin 87, Thor 110, what comes next).
 

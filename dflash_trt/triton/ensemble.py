@@ -2,7 +2,7 @@
 
 Client code written for TensorRT-LLM's Triton backend calls a model named `ensemble` with tensors
 shaped [batch, ...] (its ensemble has max_batch_size > 0: NVIDIA/TensorRT-LLM
-triton_backend/all_models/inflight_batcher_llm/ensemble/config.pbtxt, search id 634233598) and the
+triton_backend/all_models/inflight_batcher_llm/ensemble/config.pbtxt@2a9abd9) and the
 names `text_input`, `max_tokens`, `bad_words`, `stop_words`, `end_id`, `pad_id`, `top_k`, `top_p`,
 `temperature`, `seed` (`random_seed` before tensorrtllm_backend c2e65b8), `stream`,
 `exclude_input_in_output`; it reads `text_output` and the llmapi statistics. This model declares

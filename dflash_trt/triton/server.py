@@ -1,6 +1,6 @@
 """Find, start and stop `tritonserver` (a system install, or the binary in the nvidia-pytriton wheel).
 
-The wheel recipe (DESIGN §8, reference/cpu-environment-probes.md §A): copy
+The wheel recipe (tritonserver 2.51 as nvidia-pytriton 0.7.0 ships it, which runs without a GPU): copy
 `site-packages/pytriton/tritonserver` to a private folder, put the Python stub of this
 interpreter's version into `backends/python/`, run with `LD_LIBRARY_PATH` = the wheel's
 `nvidia_pytriton.libs` + this interpreter's LIBDIR (else `import ssl` breaks inside models) and
