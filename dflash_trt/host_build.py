@@ -1,7 +1,7 @@
 """Compile host-side C++ libraries with plain g++ (no torch extension, no nvcc), loaded with ctypes.
 
 Used by the verify plugin's CPU twin and CTA emulator (kernels/twin.py) and by the C++ CPU decoder
-layer (model/cpu_ops.py). Each library is cached under ``$DFLASH_TRT_CACHE_DIR`` (default
+layer (backends/cpu/ops.py). Each library is cached under ``$DFLASH_TRT_CACHE_DIR`` (default
 ~/.cache/dflash_trt) in a folder named by a hash of its sources and flags, so an edit to any source
 rebuilds it. A bottom-level module: it imports nothing of dflash-trt but the error family.
 """

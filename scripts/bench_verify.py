@@ -1,6 +1,6 @@
 """Micro-benchmark of the verify kernel on a CUDA machine; writes a JSON report.
 
-    python -m dflash_trt.kernels.bench_verify --out verify_bench.json [--iters 200]
+    python scripts/bench_verify.py --out verify_bench.json [--iters 200]
 
 - latency: B=1, K=15 (a 16-token block), V=151936 (Qwen3 vocabulary), per dtype and sampling
   mode, L2-warm (the same logits again) and L2-cold (a 256 MiB write in between), median of
@@ -23,8 +23,10 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.decoding.verify import verify_block as reference_verify
-from dflash_trt.kernels import verify as dispatch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dflash_trt.decoding.verify import verify_block as reference_verify  # noqa: E402
+from dflash_trt.kernels import verify as dispatch  # noqa: E402
 
 VOCAB, K = 151936, 15
 MODES = {"greedy": (0.0, 0, 1.0), "sample": (0.8, 0, 1.0), "topk_topp": (0.8, 50, 0.9)}

@@ -79,7 +79,7 @@ timeout "$T" "$PYTHON" -m pytest -q -rs tests/test_verify_plugin.py tests/test_v
 
 step "micro-benchmark"
 BENCH_STATUS=0
-timeout "$T" "$PYTHON" -m dflash_trt.kernels.bench_verify --out "$OUT_DIR/bench.json" --iters "${BENCH_ITERS:-200}" \
+timeout "$T" "$PYTHON" scripts/bench_verify.py --out "$OUT_DIR/bench.json" --iters "${BENCH_ITERS:-200}" \
   2>&1 | tee "$OUT_DIR/bench.log" || BENCH_STATUS=$?
 
 step "torch runner on CUDA: DFlash vs AR (fp32, bf16; batch 1, 8; widths 16, 8, 4; T 0, 0.8)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """DFlash through the serving scheduler vs autoregressive decoding of the same target, per dtype, batch size,
-block width and temperature, on any device: the torch runner on a lent GPU (scripts/gpu_check.sh), a short
+block width and temperature, on any device: the torch runner on a GPU (scripts/gpu_check.sh), a short
 fp32 tier on CPU in CI (tests/test_gpu_scripts.py).
 
 The shipped trained pair (block 16, as the Qwen3-8B preset's drafter) decodes the held-out prompts with
@@ -8,8 +8,8 @@ The shipped trained pair (block 16, as the Qwen3-8B preset's drafter) decodes th
 presets' block, narrower ones as a block_size_schedule would pick); AR is the same target runner with
 blocks of one. Greedy and sampled (same seeds) requests. Every cell reports whether the token ids are
 identical to AR's, the first divergence, τ and the time; the exit status is 1 when a dtype named in
---require differs (fp32 by default: in bf16 a different row count per forward may round differently,
-which issue 20 makes bit-exact; until then bf16 is reported, not required).
+--require differs (fp32 by default: in bf16 a different row count per forward may round differently, and
+GPUs have no batch-invariant mode yet, so bf16 is reported, not required).
 
     python scripts/gpu_lossless.py --device cuda --out out/gpu_check/lossless.json
 """
@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,9 +31,10 @@ sys.path.insert(0, str(ROOT))
 from dflash_trt.decoding.requests import Request, StopCriteria  # noqa: E402
 from dflash_trt.decoding.sampling import SamplingParams  # noqa: E402
 from dflash_trt.engine.golden import builtin_prompts  # noqa: E402
-from dflash_trt.runtime.local import load_pair  # noqa: E402
-from dflash_trt.runtime.runner import TorchDraftRunner, TorchTargetRunner  # noqa: E402
-from dflash_trt.trtllm.golden import decode  # noqa: E402
+from dflash_trt.model.loader import load_pair  # noqa: E402
+from dflash_trt.runtime.backends import pair_runners  # noqa: E402
+from dflash_trt.runtime.generate import Engine  # noqa: E402
+from dflash_trt.runtime.scheduler import ServiceLimits  # noqa: E402
 
 ASSETS = ROOT / "dflash_trt" / "assets"
 
@@ -45,18 +47,17 @@ def first_divergence(got: list[list[int]], want: list[list[int]]) -> dict | None
     return None
 
 
-def cell(pair, prompts, batch: int, width: int, temperature: float, max_new: int, device) -> dict:
+def cell(pair, prompts, batch: int, width: int, temperature: float, max_new: int) -> dict:
     d = pair.draft.config
-    capacity = max(len(p) for p in prompts) + max_new + d.block_size + 1
+    limits = ServiceLimits(batch, max(len(p) for p in prompts) + max_new, d.block_size,
+                           block_size_schedule={1: width} if width < d.block_size else None, width_policy="schedule")
     requests = [Request(tuple(p), SamplingParams(temperature, 0, 1.0, 1000 + i), StopCriteria(max_new))
                 for i, p in enumerate(prompts)]
     start = time.perf_counter()
-    spec = decode(TorchTargetRunner(pair.target, batch, capacity, d.target_layer_ids),
-                  TorchDraftRunner(pair.draft, pair.target, batch, capacity, d.block_size), requests, batch, capacity,
-                  device=device, block_size_schedule={1: width} if width < d.block_size else None)
+    spec = Engine(*pair_runners(pair, limits), limits).generate(requests)
     spec_s = time.perf_counter() - start
-    ar = decode(TorchTargetRunner(pair.target, batch, capacity, d.target_layer_ids), None, requests, batch, capacity,
-                device=device)
+    ar_limits = replace(limits, block_size=1)
+    ar = Engine(*pair_runners(pair, ar_limits), ar_limits).generate(requests)
     got, want = [list(r.tokens) for r in spec], [list(r.tokens) for r in ar]
     lengths = [n for r in spec for n in r.acceptance_lengths]
     return {"batch": batch, "width": width, "temperature": temperature, "requests": len(requests),
@@ -87,8 +88,7 @@ def main(argv=None) -> int:
         for batch in split(args.batch_sizes, int):
             for width in split(args.widths, int):
                 for temperature in split(args.temperatures, float):
-                    row = {"dtype": dtype, **cell(pair, prompts, batch, width, temperature, args.max_new_tokens,
-                                                 device)}
+                    row = {"dtype": dtype, **cell(pair, prompts, batch, width, temperature, args.max_new_tokens)}
                     report["cells"].append(row)
                     print(json.dumps(row), flush=True)
                     if not row["identical"] and dtype in split(args.require, str):

@@ -379,7 +379,7 @@ def _bench_setup(work: Path, prompts: int, draft_vocab: str | None):
     """The --work pair (fp32, CPU; `draft_vocab` as `--draft-vocab`), its first `prompts` held-out prompts and
     stop ids (bench_block_size warms both decoders itself)."""
     from dflash_trt.bench.local import load_prompts
-    from dflash_trt.runtime.local import apply_draft_vocab, load_pair
+    from dflash_trt.model.loader import apply_draft_vocab, load_pair
     from dflash_trt.tokenizer import stop_token_ids
 
     pair = apply_draft_vocab(load_pair(work / "target", work / "draft", "fp32", "cpu"), draft_vocab)
@@ -398,7 +398,8 @@ def measure(work: Path, prompts: int = 32, new_tokens: int = 128) -> dict:
     cut = default_draft_confidence("cpu")
     for confidence in (0.0, cut):  # full blocks (the τ the drafter reaches), then the CPU default
         for block in (8, 16):
-            r = bench_block_size(pair, held, block, new_tokens, SamplingParams(), stops, min_confidence=confidence)
+            r = bench_block_size(pair, held, block, new_tokens, SamplingParams(), stops, min_confidence=confidence,
+                                 width_policy="schedule")
             key = f"block_{block}" + (f"_confidence_{confidence}" if confidence else "")
             out[key] = {k: v for k, v in r.to_dict().items() if k != "acceptance_histogram"} | {"confidence": confidence}
             print(f"block {block}, confidence {confidence}: tau {r.mean_acceptance_length:.2f}, DFlash "
@@ -440,7 +441,7 @@ def measure_sampled(work: Path, prompts: int = 32, new_tokens: int = 128, temper
     rows = []
     for t in temperatures:
         params = SamplingParams(t, seed=seed)
-        full = bench_block_size(pair, held, 16, new_tokens, params, stops)
+        full = bench_block_size(pair, held, 16, new_tokens, params, stops, width_policy="schedule")
         served = bench_block_size(pair, held, 16, new_tokens, params, stops,
                                   min_confidence=default_draft_confidence("cpu"), width_policy="auto")
         rows.append({"temperature": t, "tau_full_blocks": full.mean_acceptance_length,

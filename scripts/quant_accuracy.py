@@ -28,13 +28,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dflash_trt.backends.torch.parallel import load_trtllm_pair  # noqa: E402
 from dflash_trt.checkpoint.configs import parse_draft_config  # noqa: E402
 from dflash_trt.checkpoint.hf import draft_shapes, read_target  # noqa: E402
 from dflash_trt.convert import ConvertConfig, convert  # noqa: E402
 from dflash_trt.convert.calibrate import load_prompts, random_prompts  # noqa: E402
 from dflash_trt.decoding.requests import Request, StopCriteria  # noqa: E402
 from dflash_trt.runtime.local import generate  # noqa: E402
-from dflash_trt.runtime.tp import load_trtllm_pair  # noqa: E402
 from dflash_trt.tokenizer import has_tokenizer, load_tokenizer  # noqa: E402
 
 RECIPES = {  # name -> convert options (all stored in bf16 where not quantized)

@@ -28,11 +28,11 @@ CANARY = request_inputs("def parse_args(argv):\n", max_tokens=32, stream=False)
 def build_repository(work: Path) -> Path:
     """The shipped pair's bundle and repository (preset tiny-cpu) under `work`, reused when unchanged."""
     from dflash_trt.engine.config import load_build_config
-    from dflash_trt.runtime import backends
+    from dflash_trt.runtime.build import build
     from dflash_trt.triton.repository import publish
 
     cfg = load_build_config(ROOT / "build_configs" / "tiny-cpu.yaml")
-    bundle, _, _ = backends.build(replace(cfg, output=str(work / "bundle")), log=lambda m: None)
+    bundle, _, _ = build(replace(cfg, output=str(work / "bundle")), log=lambda m: None)
     return publish(bundle, work / "repo")
 
 

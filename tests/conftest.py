@@ -1,9 +1,46 @@
+"""Fixtures and helpers every test module shares (tests import no other test module)."""
+
+import random
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+VARIANTS = [(0, 1.0), (10, 1.0), (0, 0.9), (40, 0.6), (3, 0.95)]  # (top_k, top_p)
+
+
+def random_requests(temperature: float, n: int = 50, seed: int = 0, vocab: int = 255) -> list:
+    """Ragged requests over a vocabulary of `vocab`: prompts of 1-40 tokens, budgets of 1-40, stop tokens on every
+    fourth, each with its own seed and one of VARIANTS' top-k / top-p."""
+    from dflash_trt.decoding.requests import Request, StopCriteria
+    from dflash_trt.decoding.sampling import SamplingParams
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        top_k, top_p = VARIANTS[i % len(VARIANTS)]
+        prompt = tuple(rng.randrange(vocab) for _ in range(rng.randint(1, 40)))
+        stops = frozenset(rng.sample(range(vocab), 3)) if i % 4 == 0 else frozenset()
+        out.append(Request(prompt, SamplingParams(temperature, top_k, top_p, seed=rng.randrange(2**64)),
+                           StopCriteria(rng.randint(1, 40), stops)))
+    return out
+
+
+@pytest.fixture(scope="session")
+def make_requests():
+    """`random_requests(temperature, n=50, seed=0)`: ragged random requests for the tiny random pair."""
+    return random_requests
+
+
+@pytest.fixture(scope="session")
+def shipped_pair():
+    """The shipped tiny pair, fp32 on CPU (its draft vocabulary off)."""
+    from dflash_trt.engine.config import ASSETS
+    from dflash_trt.model.loader import load_pair
+
+    return load_pair(ASSETS / "tiny-qwen3", ASSETS / "tiny-qwen3-dflash", dtype="fp32", device="cpu")
 
 
 @pytest.fixture(scope="session")
@@ -19,7 +56,7 @@ def tiny_pair(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def loaded_tiny_pair(tiny_pair):
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
 
     return load_pair(tiny_pair[0], tiny_pair[1], dtype="fp32", device="cpu")
 
@@ -29,16 +66,16 @@ def served(tmp_path_factory):
     """A real tritonserver serving the shipped tiny pair's bundle (preset tiny-cpu): (server, pair, manifest)."""
     from dataclasses import replace
 
+    from dflash_trt.backends.torch.bundle import load_bundle
     from dflash_trt.engine.config import load_build_config
-    from dflash_trt.engine.torch_backend import load_bundle
-    from dflash_trt.runtime import backends
+    from dflash_trt.runtime.build import build
     from dflash_trt.triton.repository import publish
     from dflash_trt.triton.server import TritonServer
 
     root = tmp_path_factory.mktemp("served")
     cfg = load_build_config(Path(__file__).resolve().parents[1] / "build_configs" / "tiny-cpu.yaml")
     cfg = replace(cfg, output=str(root / "bundle"), repository=str(root / "repo"))
-    bundle, manifest, _ = backends.build(cfg, log=lambda m: None)
+    bundle, manifest, _ = build(cfg, log=lambda m: None)
     repo = publish(bundle, root / "repo")
     server = TritonServer(repo, log_path=root / "server.log", http_host="127.0.0.1").start(timeout=180)
     _, pair = load_bundle(bundle, device="cpu")

@@ -4,6 +4,12 @@ Draft slot j of a block opened at position p proposes `script[p + j]` (the true 
 taken from autoregressive decoding), replaced by another token when `corrupted(seed, pos)`.
 The corruption depends only on (seed, position), so our drafter and z-lab's reference drafter
 can be scripted identically. Every real draft forward still runs; only proposals are replaced.
+
+- `ScriptedDraft` wraps a `DFlashDraft` for the reference loop: pass it as the drafter and its
+  `propose` as the loop's proposal rule (scripts indexed by request).
+- `ScriptedRunner` wraps an engine's draft runner: the real runner drafts (context stored, passes
+  run), then its drafts are replaced (scripts indexed by slot: request i gets slot i when the engine
+  has at least as many slots as requests).
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import random
 
 import torch
 
-from dflash_trt.model.draft_heads import confident_drafts
+from dflash_trt.decoding.drafts import confident_drafts
 
 
 def scripted_token(script: list[int], pos: int, corrupt: float, seed: int, vocab: int) -> int:
@@ -40,14 +46,33 @@ def scripted_logits(shape, like, scripts, slots, starts, corrupt, seed, sharp=Fa
     return out
 
 
-class ScriptedDraft:
-    """Wraps our `DFlashDraft`; `scripts[slot]` is the full token sequence (prompt + output)."""
+class _Scripts:
+    def __init__(self, scripts: list[list[int]], corrupt: float, seed: int = 0, sharp: bool = False):
+        self.scripts, self.corrupt, self.seed, self.sharp = scripts, corrupt, seed, sharp
+        self.widths: list[int] = []  # drafts proposed per call (after any confidence cut)
+
+    def drafts(self, slots: list[int], starts: list[int], k: int, vocab: int, min_confidence: float) -> torch.Tensor:
+        """Scripted drafts [n, K' <= k] for blocks opened at `starts`, with the confidence cut on the scripted
+        logits (the same chunks and cut as the real drafter's greedy proposals)."""
+        like = torch.empty(0)
+
+        def logits_of(lo, hi):
+            return scripted_logits((len(slots), hi - lo, vocab), like, self.scripts, slots, [s + lo for s in starts],
+                                   self.corrupt, self.seed, self.sharp)
+
+        drafts = confident_drafts(logits_of, k, min_confidence)
+        self.widths.append(drafts.shape[1])
+        return drafts
+
+
+class ScriptedDraft(_Scripts):
+    """Wraps our `DFlashDraft` for the reference loop; `scripts[i]` is request i's full token sequence
+    (prompt + output). `speculative_generate(target, scripted, requests, propose=scripted.propose)`."""
 
     def __init__(self, draft, scripts: list[list[int]], corrupt: float, seed: int = 0, sharp: bool = False):
-        self.draft, self.scripts, self.corrupt, self.seed, self.sharp = draft, scripts, corrupt, seed, sharp
-        self.config = draft.config
+        super().__init__(scripts, corrupt, seed, sharp)
+        self.draft, self.config = draft, draft.config
         self._last = None
-        self.widths: list[int] = []  # drafts proposed per call (after any confidence cut)
 
     def new_cache(self, *args):
         return self.draft.new_cache(*args)
@@ -55,32 +80,32 @@ class ScriptedDraft:
     def append_context(self, *args, **kwargs):
         return self.draft.append_context(*args, **kwargs)
 
-    def take_context(self, *args):
-        return self.draft.take_context(*args)
-
     def __call__(self, noise_embedding, block_positions, cache, slots, context=None):
         self._last = (slots.tolist(), block_positions[:, 0].tolist())
         return self.draft(noise_embedding, block_positions, cache, slots, context)
 
-    def draft_block(self, noise_embedding, block_positions, cache, slots, context, lm_head, min_confidence=0.0,
-                    sampling=None, anchor=None):
-        """`DFlashDraft.draft_block` as a whole pass, then the scripted proposals (the script, whatever the
-        requests' sampling: scripted drafts exercise acceptance, not the coupling)."""
-        hidden = self(noise_embedding, block_positions, cache, slots, context)
-        return self.propose(hidden[:, 1:], lm_head, min_confidence)
-
-    def logits(self, hidden, lm_head, first_slot: int = 0):
-        real = self.draft.logits(hidden, lm_head)
+    def propose(self, draft, hidden, lm_head, start, sampling=None, anchor=None, min_confidence=0.0, ops=None):
+        """The scripted proposals for the last forward's rows (whatever the requests' sampling: scripted
+        drafts exercise acceptance, not the coupling)."""
         slots, starts = self._last
-        return scripted_logits(real.shape, real, self.scripts, slots, [s + first_slot for s in starts],
-                               self.corrupt, self.seed, self.sharp)
+        return self.drafts(slots, starts, hidden.shape[1], lm_head.weight.shape[0], min_confidence)
 
-    def propose(self, hidden, lm_head, min_confidence: float = 0.0, start=None, sampling=None):
-        """`DFlashDraft.propose` over the scripted logits (same chunks and confidence cut)."""
-        drafts = confident_drafts(lambda lo, hi: self.logits(hidden[:, lo:hi], lm_head, lo), hidden.shape[1],
-                                  min_confidence)
-        self.widths.append(drafts.shape[1])
-        return drafts
+
+class ScriptedRunner(_Scripts):
+    """Wraps an engine's draft runner; `scripts[slot]` is the full token sequence of the request in that slot."""
+
+    def __init__(self, runner, scripts: list[list[int]], corrupt: float, seed: int = 0, sharp: bool = False):
+        super().__init__(scripts, corrupt, seed, sharp)
+        self.runner, self.block_size = runner, runner.block_size
+        self.vocab = runner.target.lm_head.weight.shape[0]
+
+    def __getattr__(self, name):  # append_context, commit, backlog, cache, ... are the real runner's
+        return getattr(self.runner, name)
+
+    def propose(self, slots, bonus, start, block_size=None, sampling=None):
+        self.runner.propose(slots, bonus, start, block_size, sampling)  # the real passes (and context stored)
+        k = min(block_size or self.block_size, self.block_size) - 1
+        return self.drafts(slots.tolist(), start.tolist(), k, self.vocab, self.runner.min_confidence)
 
 
 def script_oracle(oracle, script: list[int], corrupt: float, seed: int = 0):

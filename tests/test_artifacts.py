@@ -23,7 +23,7 @@ import yaml
 from dflash_trt import atomic
 from dflash_trt.engine.config import load_build_config
 from dflash_trt.errors import ConfigError
-from dflash_trt.runtime import backends
+from dflash_trt.runtime.build import build
 from dflash_trt.triton.repository import publish
 from dflash_trt.triton.server import repository_models
 
@@ -41,7 +41,7 @@ def _config(folder: Path, tiny_pair, output: str) -> Path:
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory, tiny_pair):
     folder = tmp_path_factory.mktemp("bundle")
-    path, _, _ = backends.build(load_build_config(_config(folder, tiny_pair, "bundle")), log=lambda m: None)
+    path, _, _ = build(load_build_config(_config(folder, tiny_pair, "bundle")), log=lambda m: None)
     return path
 
 
@@ -56,7 +56,7 @@ def test_build_refuses_an_output_folder_it_did_not_write(tmp_path, tiny_pair, ou
     (tmp_path / "notes" / "todo.txt").write_text("keep me")
     before = _tree(tmp_path)
     with pytest.raises(ConfigError) as err:
-        backends.build(load_build_config(config), log=lambda m: None)
+        build(load_build_config(config), log=lambda m: None)
     message = err.value.format_message()
     assert str((tmp_path / output).resolve()) in message and "field 'output'" in message and "refusing" in message
     assert _tree(tmp_path) == before  # the YAML itself included
@@ -64,9 +64,9 @@ def test_build_refuses_an_output_folder_it_did_not_write(tmp_path, tiny_pair, ou
 
 def test_build_replaces_its_own_bundle(tmp_path, tiny_pair):
     config = _config(tmp_path, tiny_pair, "bundle")
-    first, _, _ = backends.build(load_build_config(config), log=lambda m: None)
+    first, _, _ = build(load_build_config(config), log=lambda m: None)
     (first / "stray.txt").write_text("x")  # a changed bundle is rebuilt over, being ours
-    second, manifest, reused = backends.build(load_build_config(config), log=lambda m: None)
+    second, manifest, reused = build(load_build_config(config), log=lambda m: None)
     assert second == first and not reused and not (second / "stray.txt").exists()
     assert not atomic.leftovers(tmp_path)
 

@@ -5,13 +5,12 @@ import random
 from dataclasses import replace
 
 import pytest
-from scripted import ScriptedDraft
-from test_lossless import _requests
+from scripted import ScriptedDraft, ScriptedRunner
 
 from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.decoding.bad_words import banned_ids, block_bans
-from dflash_trt.decoding.decode import speculative_generate
-from dflash_trt.decoding.width import MeasuredWidth
+from dflash_trt.decoding.reference import speculative_generate
+from dflash_trt.runtime.local import local_engine
 from dflash_trt.runtime.service import DFlashService, ServiceLimits
 
 
@@ -49,8 +48,8 @@ def _with_bad_words(requests, plain_results, seed: int):
 
 
 @pytest.fixture(scope="module", params=[0.0, 0.8])
-def banned_case(request, loaded_tiny_pair):
-    plain = _requests(request.param, n=18, seed=int(request.param * 10) + 3)
+def banned_case(request, loaded_tiny_pair, make_requests):
+    plain = make_requests(request.param, n=18, seed=int(request.param * 10) + 3)
     unbanned = autoregressive_generate(loaded_tiny_pair.target, plain)
     requests = _with_bad_words(plain, unbanned, seed=1)
     return requests, unbanned, autoregressive_generate(loaded_tiny_pair.target, requests)
@@ -72,11 +71,16 @@ def test_speculative_with_bad_words_matches_autoregressive(banned_case, loaded_t
     requests, _, ar = banned_case
     spec = speculative_generate(loaded_tiny_pair.target, loaded_tiny_pair.draft, requests, block_size)
     assert [s.tokens for s in spec] == [a.tokens for a in ar]
-    # drafts that propose the banned continuations: still the AR tokens
-    unbanned_scripts = [list(r.prompt) + a.tokens for r, a in zip(requests, ar)]
+    # drafts that propose the banned continuations: still the AR tokens, in the reference loop and in the
+    # engine (measured widths, AR steps among draft steps)
+    _, unbanned, _ = banned_case
+    unbanned_scripts = [list(r.prompt) + u.tokens for r, u in zip(requests, unbanned)]
     scripted = ScriptedDraft(loaded_tiny_pair.draft, unbanned_scripts, corrupt=0.3, seed=block_size)
-    spec = speculative_generate(loaded_tiny_pair.target, scripted, requests, block_size, width=MeasuredWidth(block_size))
+    spec = speculative_generate(loaded_tiny_pair.target, scripted, requests, block_size, propose=scripted.propose)
     assert [s.tokens for s in spec] == [a.tokens for a in ar]
+    engine = local_engine(loaded_tiny_pair, 128, block_size, width_policy="measured", max_batch_size=len(requests))
+    engine.scheduler.draft = ScriptedRunner(engine.scheduler.draft, unbanned_scripts, corrupt=0.3, seed=block_size)
+    assert [s.tokens for s in engine.generate(requests)] == [a.tokens for a in ar]
 
 
 def test_scheduler_with_bad_words_matches_autoregressive(banned_case, loaded_tiny_pair):
@@ -90,10 +94,10 @@ def test_scheduler_with_bad_words_matches_autoregressive(banned_case, loaded_tin
     assert [g.finish_reason for g in got] == [a.finish_reason for a in ar]
 
 
-def test_scheduler_refuses_bad_words_outside_the_vocabulary(loaded_tiny_pair):
+def test_scheduler_refuses_bad_words_outside_the_vocabulary(loaded_tiny_pair, make_requests):
     svc = DFlashService(loaded_tiny_pair, ServiceLimits(max_batch_size=2, max_seq_len=128, block_size=4))
     try:
-        request = replace(_requests(0.0, n=1)[0], bad_words=((10**6,),))
+        request = replace(make_requests(0.0, n=1)[0], bad_words=((10**6,),))
         with pytest.raises(ValueError, match="bad_words: token ids \\[1000000\\] outside the vocabulary"):
             svc.submit(request, lambda e: None)
     finally:

@@ -96,7 +96,7 @@ def test_local_bench_gives_each_prompt_its_own_seed(tiny_pair):
     from dflash_trt.bench.local import prompt_requests
     from dflash_trt.decoding.autoregressive import autoregressive_generate
     from dflash_trt.decoding.sampling import SamplingParams
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
 
     pair = load_pair(tiny_pair[0], tiny_pair[1], "fp32", "cpu")
     same = [[5, 6, 7]] * 3

@@ -1,7 +1,7 @@
-"""Bit-exact by construction on CPU fp32 (issue 20 item 1): every logit row of the target is computed the
-same way whatever the pass — prefill, AR decode, verify, lazy verify, a batch of any size — so greedy
-speculative decoding equals AR even on a target whose best logits nearly tie, and a request decodes the same
-alone or in a batch."""
+"""Bit-exact by construction on the CPU backend (fp32, and bf16 / fp16 held as fp32): every logit row of the
+target is computed the same way whatever the pass — prefill, AR decode, verify, lazy verify, a batch of any
+size — so the engine's greedy and seeded DFlash equal its own autoregressive decoding even on a target whose
+best logits nearly tie, and a request decodes the same alone or in a batch."""
 
 import random
 
@@ -9,10 +9,18 @@ import pytest
 import torch
 from tiny_models import make_draft, make_target
 
-from dflash_trt.decoding.autoregressive import autoregressive_generate
-from dflash_trt.decoding.decode import speculative_generate
+from dflash_trt.backends.cpu import target as cpu_target
+from dflash_trt.backends.cpu.target import head_logits
 from dflash_trt.decoding.requests import Request, StopCriteria
-from dflash_trt.model.layers import head_logits
+from dflash_trt.runtime.local import generate
+
+
+def _dflash(pair, requests, block):
+    return [r.tokens for r in generate(pair, requests, block, width_policy="schedule")[0]]
+
+
+def _ar(pair, requests):
+    return [r.tokens for r in generate(pair, requests, autoregressive=True)[0]]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +44,7 @@ def near_tie_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=["fp32", "bf16", "fp16"])
 def near_tie_pair(near_tie_dir, request):
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
 
     return load_pair(near_tie_dir / "target", near_tie_dir / "draft", dtype=request.param, device="cpu")
 
@@ -59,21 +67,20 @@ def _prompts(n: int, seed: int = 0) -> list[tuple[int, ...]]:
 def test_greedy_speculative_equals_ar_on_a_near_tie_target(near_tie_pair):
     pair = near_tie_pair
     requests = [Request(p, stop=StopCriteria(40)) for p in _prompts(20)]
-    alone = [autoregressive_generate(pair.target, [r])[0].tokens for r in requests]
+    alone = [_ar(pair, [r])[0] for r in requests]
     for block in (4, 16):
-        spec = [speculative_generate(pair.target, pair.draft, [r], block)[0].tokens for r in requests]
+        spec = [_dflash(pair, [r], block)[0] for r in requests]
         assert spec == alone, f"block {block}: {sum(s != a for s, a in zip(spec, alone))} of 20 prompts differ"
-    batched = speculative_generate(pair.target, pair.draft, requests, 8)
-    assert [b.tokens for b in batched] == alone
+    assert _dflash(pair, requests, 8) == alone
+    assert [r.tokens for r in generate(pair, requests, 16, min_confidence=0.1)[0]] == alone  # measured widths, cut
 
 
 def test_ar_alone_equals_ar_in_a_batch(near_tie_pair):
     pair = near_tie_pair
     requests = [Request(p, stop=StopCriteria(40)) for p in _prompts(9, seed=2)]
-    alone = [autoregressive_generate(pair.target, [r])[0].tokens for r in requests]
+    alone = [_ar(pair, [r])[0] for r in requests]
     for size in (3, 9):
-        batched = autoregressive_generate(pair.target, requests[:size])
-        assert [b.tokens for b in batched] == alone[:size]
+        assert _ar(pair, requests[:size]) == alone[:size]
 
 
 def test_a_long_prompt_prefills_to_the_bits_of_its_decode_steps(near_tie_pair):
@@ -85,11 +92,12 @@ def test_a_long_prompt_prefills_to_the_bits_of_its_decode_steps(near_tie_pair):
     tokens = torch.randint(0, 255, (1, 300), generator=torch.Generator().manual_seed(3))
     positions = torch.arange(300)[None]
     with torch.inference_mode():
-        whole, whole_taps = target(tokens, positions, target.new_cache(1, 320), torch.arange(1), taps)
+        whole, whole_taps = cpu_target.forward(target, tokens, positions, target.new_cache(1, 320), torch.arange(1), taps)
         for rows in (1, 16):
             cache, steps, step_taps = target.new_cache(1, 320), [], []
             for i in range(0, 288, rows):
-                logits, hidden = target(tokens[:, i:i + rows], positions[:, i:i + rows], cache, torch.arange(1), taps)
+                logits, hidden = cpu_target.forward(target, tokens[:, i:i + rows], positions[:, i:i + rows], cache,
+                                                    torch.arange(1), taps)
                 cache.advance(torch.arange(1), rows)
                 steps.append(logits[0])
                 step_taps.append(hidden[0])
@@ -99,15 +107,16 @@ def test_a_long_prompt_prefills_to_the_bits_of_its_decode_steps(near_tie_pair):
 
 
 def test_seeded_sampling_is_bit_exact_in_every_dtype(near_tie_pair):
-    """The issue's bf16 T 1.0 seed 3 case diverged at token 47: sampled rows, ragged batch, the scheduler."""
+    """Sampled rows (T 1.0, per-request seeds), a ragged batch, the synchronous engine and the threaded
+    service: the engine's AR tokens of each request alone."""
     from dflash_trt.decoding.sampling import SamplingParams
     from dflash_trt.runtime.service import DFlashService, ServiceLimits
 
     pair = near_tie_pair
     requests = [Request(p, SamplingParams(1.0, 0, 1.0, seed=3 + i), StopCriteria(60)) for i, p in
                 enumerate(_prompts(6, seed=4))]
-    alone = [autoregressive_generate(pair.target, [r])[0].tokens for r in requests]
-    assert [s.tokens for s in speculative_generate(pair.target, pair.draft, requests, 8)] == alone
+    alone = [_ar(pair, [r])[0] for r in requests]
+    assert _dflash(pair, requests, 8) == alone
     svc = DFlashService(pair, ServiceLimits(max_batch_size=3, max_seq_len=128, block_size=8))
     try:
         assert [g.tokens for g in svc.generate(requests)] == alone
@@ -119,7 +128,7 @@ def test_bf16_weights_are_the_checkpoints_values_rounded(near_tie_dir):
     """bf16 / fp16 on CPU: each weight is the checkpoint's value rounded to that dtype (held exactly in fp32)."""
     from safetensors.torch import load_file
 
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
 
     stored = load_file(str(near_tie_dir / "target" / "model.safetensors"))["model.layers.0.mlp.down_proj.weight"]
     for dtype, torch_dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
@@ -139,8 +148,8 @@ def test_served_bundles_decode_bit_exactly_in_half_precision(near_tie_dir, tmp_p
 
     from dflash_trt.decoding.sampling import SamplingParams
     from dflash_trt.engine.config import load_build_config
-    from dflash_trt.runtime import backends
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
+    from dflash_trt.runtime.build import build
     from dflash_trt.triton.client import grpc_generate, request_inputs
     from dflash_trt.triton.repository import publish
     from dflash_trt.triton.server import TritonServer
@@ -151,12 +160,11 @@ def test_served_bundles_decode_bit_exactly_in_half_precision(near_tie_dir, tmp_p
               "golden": {"prompts": [{"token_ids": [5, 17, 42, 9]}], "max_new_tokens": 16},
               "output": str(tmp_path / "bundle"), "repository": str(tmp_path / "repo")}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(config))
-    bundle, _, _ = backends.build(load_build_config(tmp_path / "cfg.yaml"), log=lambda m: None)
+    bundle, _, _ = build(load_build_config(tmp_path / "cfg.yaml"), log=lambda m: None)
     pair = load_pair(near_tie_dir / "target", None, dtype=dtype, device="cpu")
     prompts = _prompts(8, seed=6)
     params = [SamplingParams(0.0 if i % 2 else 1.0, 0, 1.0, seed=i) for i in range(8)]
-    expected = [autoregressive_generate(pair.target, [Request(p, s, StopCriteria(32))])[0].tokens
-                for p, s in zip(prompts, params)]
+    expected = [_ar(pair, [Request(p, s, StopCriteria(32))])[0] for p, s in zip(prompts, params)]
     server = TritonServer(publish(bundle, tmp_path / "repo"), log_path=tmp_path / "server.log").start(timeout=180)
     try:
         def ask(i):
@@ -174,8 +182,8 @@ def test_served_bundles_decode_bit_exactly_in_half_precision(near_tie_dir, tmp_p
 def test_half_weights_stream_as_half_panels_with_the_same_bits(near_tie_dir, monkeypatch, dtype, expected_format):
     """A bf16 / fp16 checkpoint's layers stream 16-bit panels (half the bytes of fp32), expanded exactly in
     the kernel: the logits are the fp32 panels' bit for bit; fp32 weights (neither) keep fp32 panels."""
-    from dflash_trt.model import cpu_layers
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.backends.cpu import layers as cpu_layers
+    from dflash_trt.model.loader import load_pair
 
     tokens = torch.randint(0, 255, (2, 40), generator=torch.Generator().manual_seed(9))
     positions = torch.arange(40)[None].expand(2, -1)
@@ -184,7 +192,7 @@ def test_half_weights_stream_as_half_panels_with_the_same_bits(near_tie_dir, mon
         for layer in target.model.layers:
             layer.__dict__.pop("_cpu_plan", None)
         with torch.inference_mode():
-            out, _ = target(tokens, positions, target.new_cache(2, 64), torch.arange(2))
+            out, _ = cpu_target.forward(target, tokens, positions, target.new_cache(2, 64), torch.arange(2))
         return out, {layer.__dict__["_cpu_plan"].weight_format for layer in target.model.layers}
 
     half = load_pair(near_tie_dir / "target", None, dtype=dtype, device="cpu").target

@@ -46,24 +46,38 @@ def test_generate_json_reports_ids_and_matches_autoregressive(tiny_pair):
 
 
 def test_compare_ar_warms_both_paths_before_timing_either(tiny_pair, monkeypatch):
-    """The speed-up compares warm decoders: one warm-up (a DFlash and an AR decode of the prompt) runs before
-    the timed DFlash decode, whose first pass would otherwise pay the C++ plans and caches (measured on the
-    shipped pair: 0.64x cold, 0.95x warm, for the same tokens)."""
-    from dflash_trt.bench import local
-    from dflash_trt.runtime import local as runtime_local
+    """The speed-up compares warm engines: a warm-up decode of each (DFlash, AR) runs before the timed DFlash
+    decode, whose first pass would otherwise pay the C++ plans and caches."""
+    from dflash_trt.runtime.generate import Engine
 
-    calls = []
-    warm_up, generate = local.warm_up, runtime_local.generate
-    monkeypatch.setattr(local, "warm_up", lambda *a, **k: calls.append("warm") or warm_up(*a, **k))
-    monkeypatch.setattr(runtime_local, "generate",
-                        lambda *a, **k: calls.append("ar" if k.get("autoregressive") else "dflash") or generate(*a, **k))
+    calls, timing = [], []
+    generate, with_stats = Engine.generate, Engine.generate_with_stats
+
+    def kind(engine):
+        return "dflash" if engine.block_size > 1 else "ar"
+
+    def untimed(self, *a, **k):
+        if not timing:
+            calls.append(f"warm {kind(self)}")
+        return generate(self, *a, **k)
+
+    def timed(self, *a, **k):
+        calls.append(kind(self))
+        timing.append(1)
+        try:
+            return with_stats(self, *a, **k)
+        finally:
+            timing.pop()
+
+    monkeypatch.setattr(Engine, "generate", untimed)
+    monkeypatch.setattr(Engine, "generate_with_stats", timed)
     args = ["generate", "--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1]), "--prompt-ids", "5,6,7",
             "--max-new-tokens", "6", "--json"]
     assert CliRunner().invoke(cli, args).exit_code == 0 and calls == ["dflash"]  # no comparison: no warm-up
     calls.clear()
     result = CliRunner().invoke(cli, [*args, "--compare-ar"])
     assert result.exit_code == 0, result.output
-    assert calls == ["warm", "dflash", "ar"] and json.loads(result.output)["matches_autoregressive"] is True
+    assert calls == ["warm dflash", "warm ar", "dflash", "ar"] and json.loads(result.output)["matches_autoregressive"]
 
 
 def test_generate_requires_exactly_one_prompt_form(tiny_pair):

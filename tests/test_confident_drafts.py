@@ -4,12 +4,11 @@ import math
 
 import pytest
 import torch
-from scripted import ScriptedDraft
-from test_lossless import _requests
+from scripted import ScriptedRunner
 
 from dflash_trt.decoding.autoregressive import autoregressive_generate
-from dflash_trt.decoding.decode import speculative_generate
-from dflash_trt.model.draft_heads import confident_drafts
+from dflash_trt.decoding.drafts import confident_drafts
+from dflash_trt.runtime.local import local_engine
 from dflash_trt.runtime.service import DFlashService, ServiceLimits
 
 
@@ -67,26 +66,22 @@ def test_nan_logits_count_as_no_confidence():
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 @pytest.mark.parametrize("min_confidence", [0.02, 0.3])
-def test_spec_decode_with_confidence_cut_matches_autoregressive(loaded_tiny_pair, temperature, min_confidence):
-    requests = _requests(temperature, n=24, seed=int(temperature * 10) + 3)
+def test_spec_decode_with_confidence_cut_matches_autoregressive(loaded_tiny_pair, make_requests, temperature,
+                                                                min_confidence):
+    requests = make_requests(temperature, n=24, seed=int(temperature * 10) + 3)
     ar = autoregressive_generate(loaded_tiny_pair.target, requests)
-    scripts = [list(r.prompt) + res.tokens for r, res in zip(requests, ar)]
-    draft = ScriptedDraft(loaded_tiny_pair.draft, scripts, corrupt=0.2, seed=7, sharp=True)
-    spec = []  # batches of 1 and 2 rows (the widest row sets a batch's block)
+    spec, widths = [], []  # batches of 1 and 2 rows (the widest row sets a batch's block)
     for lo, hi in ((0, 8), (8, 10), (10, 12), (12, 14), (14, 16)) + tuple((i, i + 1) for i in range(16, 24)):
-        spec += speculative_generate(loaded_tiny_pair.target, draft, requests[lo:hi], 8, min_confidence=min_confidence)
+        scripts = [list(r.prompt) + res.tokens for r, res in zip(requests[lo:hi], ar[lo:hi])]
+        engine = local_engine(loaded_tiny_pair, 128, 8, min_confidence=min_confidence, width_policy="schedule",
+                              max_batch_size=hi - lo)
+        engine.scheduler.draft = draft = ScriptedRunner(engine.scheduler.draft, scripts, corrupt=0.2, seed=7, sharp=True)
+        spec += engine.generate(requests[lo:hi])
+        widths += draft.widths
     assert [s.tokens for s in spec] == [a.tokens for a in ar]
-    assert len(set(draft.widths)) >= 3 and min(draft.widths) < 7  # the cut really varies the block
+    assert len(set(widths)) >= 3 and min(widths) < 7  # the cut really varies the block
     for s in spec:  # no step accepts more drafts than it verified
-        assert max(s.accepted_drafts, default=0) <= max(draft.widths)
-
-
-@pytest.fixture(scope="module")
-def shipped_pair():
-    from dflash_trt.engine.config import ASSETS
-    from dflash_trt.runtime.local import load_pair
-
-    return load_pair(ASSETS / "tiny-qwen3", ASSETS / "tiny-qwen3-dflash", dtype="fp32", device="cpu")
+        assert max(s.accepted_drafts, default=0) <= max(widths)
 
 
 def test_service_with_confidence_cut_on_the_shipped_pair(shipped_pair):

@@ -9,14 +9,15 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 from tiny_models import make_draft, make_target
 
+from dflash_trt.backends.torch.parallel import load_trtllm_pair
 from dflash_trt.checkpoint.hf import read_draft, read_target
 from dflash_trt.checkpoint.trtllm import load_rank, read_trtllm
 from dflash_trt.checkpoint.trtllm_config import read_trtllm_config
 from dflash_trt.cli import cli
 from dflash_trt.convert import CONFIG_FILE, ConvertConfig, convert
 from dflash_trt.decoding.requests import Request, StopCriteria
-from dflash_trt.runtime.local import generate, load_pair
-from dflash_trt.runtime.tp import load_trtllm_pair
+from dflash_trt.model.loader import load_pair
+from dflash_trt.runtime.local import generate
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
@@ -107,7 +108,7 @@ def test_target_tensors_follow_trtllm_names(converted, tiny_pair):
     config = json.loads((converted["qwen3"] / "target" / "config.json").read_text())
     assert config["architecture"] == "Qwen3ForCausalLM" and config["qwen_type"] == "qwen3"
     # QWenDecoderLayer reads both unconditionally; QWenConfig sets seq_length only in from_hugging_face
-    # (tensorrt_llm/models/qwen/config.py, qwen/model.py; search ids 14645444, 984454274)
+    # (TensorRT-LLM tensorrt_llm/models/qwen/config.py@373970a, tensorrt_llm/models/qwen/model.py)
     assert config["seq_length"] == 8192 and config["use_logn_attn"] is False
     assert config["mapping"] == {"world_size": 1, "tp_size": 1, "pp_size": 1}
     assert config["quantization"]["quant_algo"] is None and config["dtype"] == "float32"

@@ -10,10 +10,10 @@ from test_convert import one_thread, run_convert  # noqa: F401  (autouse fixture
 from tiny_models import make_draft, make_target
 
 import dflash_trt.convert.pipeline as convert_module
+from dflash_trt.backends.torch.parallel import load_trtllm_pair
 from dflash_trt.cli import cli
 from dflash_trt.convert import ConvertConfig, convert
 from dflash_trt.errors import CheckpointError, ConfigError, DFlashTrtError
-from dflash_trt.runtime.tp import load_trtllm_pair
 
 
 @pytest.fixture()

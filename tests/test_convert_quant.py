@@ -10,11 +10,11 @@ from safetensors.torch import load_file
 from test_convert import one_thread, run_convert  # noqa: F401  (autouse fixture)
 from test_quant_numerics import fp8_bound, nvfp4_bound
 
+from dflash_trt.backends.torch.parallel import load_trtllm_pair
 from dflash_trt.checkpoint.hf import read_draft, read_target
 from dflash_trt.checkpoint.quant import numerics as nq
 from dflash_trt.checkpoint.trtllm_names import TARGET_NAMES, hf_names_of, linear_of
 from dflash_trt.convert.calibrate import calibrate_pair, random_prompts, unfused_models
-from dflash_trt.runtime.tp import load_trtllm_pair
 
 mtq = pytest.importorskip("modelopt.torch.quantization")
 QUANT_SUFFIXES = ("weight", "weights_scaling_factor", "weights_scaling_factor_2")

@@ -1,4 +1,4 @@
-"""Coupled drafts (model/draft_heads.py): at T > 0 the drafter proposes with the request's own noise.
+"""Coupled drafts (decoding/drafts.py): at T > 0 the drafter proposes with the request's own noise.
 
 Lossless because verification is unchanged: every committed token is the target's, token-identical to
 autoregressive decoding with the same seed, at every temperature, in ragged batches, with a draft
@@ -6,13 +6,12 @@ vocabulary and the confidence cut. And it pays: when the draft's distribution eq
 coupled draft is accepted; on the shipped pair τ rises over greedy drafts at every T > 0.
 """
 
-import pytest
 import torch
 
+from dflash_trt.decoding.drafts import confident_prefix, coupled_drafts
 from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.decoding.sampling import SamplingParams, params_tensors, sample_tokens
 from dflash_trt.decoding.verify import verify_block
-from dflash_trt.model.draft_heads import confident_prefix, coupled_drafts
 
 SETTINGS = [SamplingParams(0.0), SamplingParams(0.7, seed=3), SamplingParams(1.0, 5, 1.0, 2**64 - 5),
             SamplingParams(1.5, 0, 0.9, 17)]
@@ -57,37 +56,29 @@ def test_the_confidence_cut_reads_each_row_at_its_temperature():
     assert kept == 2 and confident_prefix(logits[1:, 2:], columns[1:, 2:], temperature[1:], 0.5, running)[0] == 0
 
 
-@pytest.fixture(scope="module")
-def shipped_pair():
-    from dflash_trt.engine.config import ASSETS
-    from dflash_trt.runtime.local import load_pair
-
-    return load_pair(ASSETS / "tiny-qwen3", ASSETS / "tiny-qwen3-dflash", dtype="fp32", device="cpu")
-
-
 def _decode(pair, requests, coupled: bool, slots: int, confidence: float = 0.0):
-    from dflash_trt.runtime.runner import TorchDraftRunner, TorchTargetRunner
-    from dflash_trt.trtllm.golden import decode
+    """The engine (full blocks) over `slots` slots; `coupled` False: greedy drafts for every row."""
+    from dflash_trt.runtime.local import local_engine
 
-    d = pair.draft.config
-    capacity = max(len(r.prompt) for r in requests) + 64 + d.block_size
-    draft = TorchDraftRunner(pair.draft, pair.target, slots, capacity, d.block_size, min_confidence=confidence)
+    engine = local_engine(pair, max(len(r.prompt) for r in requests) + 64, min_confidence=confidence,
+                          width_policy="schedule", max_batch_size=slots)
     if not coupled:
+        draft = engine.scheduler.draft
         propose = draft.propose
-        draft.propose = lambda *args: propose(*args[:4])  # greedy drafts for every row
-    return decode(TorchTargetRunner(pair.target, slots, capacity, d.target_layer_ids), draft, requests, slots, capacity)
+        draft.propose = lambda *args: propose(*args[:4])  # no sampling: greedy drafts
+    return engine.generate(requests)
 
 
 def test_coupled_drafts_are_lossless_and_raise_tau_on_the_shipped_pair(shipped_pair):
     from dflash_trt.bench.local import load_prompts
-    from dflash_trt.decoding.autoregressive import autoregressive_generate
+    from dflash_trt.runtime.local import generate
 
     prompts = load_prompts(None, None, 4)
     taus = {}
     for temperature in (0.7, 1.0, 1.5):
         requests = [Request(tuple(p), SamplingParams(temperature, 0, 1.0, 100 + i), StopCriteria(48))
                     for i, p in enumerate(prompts)]
-        expected = [r.tokens for r in autoregressive_generate(shipped_pair.target, requests)]
+        expected = [r.tokens for r in generate(shipped_pair, requests, autoregressive=True)[0]]  # the engine's AR
         for coupled in (False, True):
             results = _decode(shipped_pair, requests, coupled, slots=3)  # ragged: 4 requests over 3 slots
             assert [r.tokens for r in results] == expected, (temperature, coupled)

@@ -1,5 +1,5 @@
-"""The C++ CPU decoder layer (model/cpu_layers.py) equals the torch path, keeps rows independent,
-and steps aside for everything it does not implement."""
+"""The CPU backend's passes (backends/cpu: the C++ decoder layer, the heads' panels, the one-call draft step)
+equal the models' torch forwards, keep rows independent, and step aside for everything they do not implement."""
 
 import pytest
 import torch
@@ -7,8 +7,12 @@ from tiny_models import make_target
 from torch import nn
 from torch.nn import functional as F
 
+from dflash_trt.backends.cpu import draft as cpu_draft
+from dflash_trt.backends.cpu import layers as cpu_layers
+from dflash_trt.backends.cpu import ops as cpu_ops
+from dflash_trt.backends.cpu import target as cpu_target
 from dflash_trt.checkpoint.hf import read_target
-from dflash_trt.model import cpu_layers, cpu_ops
+from dflash_trt.kernels import select
 from dflash_trt.model.loader import load_target
 
 TAPS = (0, 2, 3)
@@ -25,7 +29,7 @@ def target(request, tmp_path_factory):
 
 @pytest.fixture
 def torch_path(monkeypatch):
-    """Run a function with the C++ layer switched off (the torch path)."""
+    """Run a function with the C++ library switched off: the CPU passes fall back to the models' torch forwards."""
 
     def run(fn):
         with monkeypatch.context() as m:
@@ -40,11 +44,12 @@ def decode_in_blocks(model, tokens, prefill, width):
     cache = model.new_cache(1, 96)
     slots = torch.tensor([0])
     with torch.inference_mode():
-        model(tokens[:, :prefill], torch.arange(prefill)[None], cache, slots)
+        cpu_target.forward(model, tokens[:, :prefill], torch.arange(prefill)[None], cache, slots)
         logits, taps, pos = [], [], prefill
         while pos < tokens.shape[1]:
             n = min(width, tokens.shape[1] - pos)
-            out, hidden = model(tokens[:, pos : pos + n], torch.arange(pos, pos + n)[None], cache, slots, TAPS)
+            out, hidden = cpu_target.forward(model, tokens[:, pos : pos + n], torch.arange(pos, pos + n)[None], cache,
+                                             slots, TAPS)
             logits.append(out)
             taps.append(hidden)
             pos += n
@@ -76,12 +81,12 @@ def test_batched_rows_equal_the_torch_path_and_single_sequences(target, torch_pa
         cache = target.new_cache(4, 80)
         with torch.inference_mode():
             for row, n in enumerate(lengths):  # prefill each sequence alone
-                target(tokens[row : row + 1, :n], torch.arange(n)[None], cache, slots[row : row + 1])
+                cpu_target.forward(target, tokens[row : row + 1, :n], torch.arange(n)[None], cache, slots[row : row + 1])
             outs = []
             for step in range(4):  # then blocks of 5 rows for all three at once
                 positions = torch.tensor(lengths)[:, None] + 5 * step + torch.arange(5)[None]
                 block = tokens.gather(1, positions)
-                outs.append(target(block, positions, cache, slots, TAPS))
+                outs.append(cpu_target.forward(target, block, positions, cache, slots, TAPS))
         return torch.cat([o[0] for o in outs], 1), torch.cat([o[1] for o in outs], 1)
 
     want_logits, want_taps = torch_path(run)
@@ -113,14 +118,14 @@ def test_draft_cpu_layers_equal_the_torch_path(loaded_tiny_pair, torch_path):
         cache, slots = draft.new_cache(1, 64), torch.tensor([0])
         with torch.inference_mode():
             draft.append_context(target_hidden[:, :20], torch.arange(20)[None], cache, slots)
-            first = draft(block, torch.arange(20, 28)[None], cache, slots)
+            first = cpu_draft.forward(draft, block, torch.arange(20, 28)[None], cache, slots)
             committed = torch.tensor([[True, True, True, False, False]])
             context = (target_hidden[:, 20:25], torch.arange(20, 25)[None], committed)
-            second = draft(block, torch.arange(23, 31)[None], cache, slots, context)
+            second = cpu_draft.forward(draft, block, torch.arange(23, 31)[None], cache, slots, context)
         return first, second, cache.k[:, 0, :, :31].clone()
 
     want = torch_path(run)
-    assert cpu_layers.plans(draft.layers) is not None and draft.full_attention
+    assert cpu_layers.plans(draft.layers) is not None and cpu_draft.full_attention(draft)
     for got, ref in zip(run(), want):
         torch.testing.assert_close(got, ref, rtol=0, atol=2e-5)
 
@@ -135,7 +140,7 @@ def test_last_layer_rows_in_stages_equal_the_whole_pass(target):
     def pass_over_block(stages):
         cache, slots = target.new_cache(1, 64), torch.tensor([0])
         with torch.inference_mode():
-            target(tokens[:, :20], torch.arange(20)[None], cache, slots)
+            cpu_target.forward(target, tokens[:, :20], torch.arange(20)[None], cache, slots)
             x = target.embed(tokens[:, 20:]).reshape(9, -1).clone()
             cos, sin = target.rotary.rows(20, 9, x.dtype)
             args = (x, None, None, cache, slots, torch.tensor([20]), cos, sin)
@@ -159,7 +164,7 @@ def test_last_layer_rows_in_stages_equal_the_whole_pass(target):
 
 def _draft_block_both_ways(draft, target, seed: int, min_confidence: float, sampling=None) -> list[tuple]:
     """One random block (contexts whose scale ranges the drafter's confidence with `seed`) drafted by a
-    whole pass then `propose`, and by `draft_block`: [(drafts, draft K, draft V)] in that order."""
+    whole pass then `propose`, and by `draft_block` (one C++ call): [(drafts, draft K, draft V)] in that order."""
     q = draft.config.block_size
     n_taps = len(draft.config.target_layer_ids) * target.config.dims.hidden_size
     g = torch.Generator().manual_seed(seed)
@@ -174,12 +179,14 @@ def _draft_block_both_ways(draft, target, seed: int, min_confidence: float, samp
             context = (target_hidden[:, 20:24], torch.arange(20, 24)[None], None) if seed % 3 else None
             start = 24 if seed % 3 else 20
             positions = torch.arange(start, start + q)[None]
+            sample = select("cpu").sample_tokens
             if one_call:
-                drafts = draft.draft_block(block, positions, cache, slots, context, target.lm_head, min_confidence,
-                                           sampling)
+                drafts = cpu_draft.draft_block(draft, block, positions, cache, slots, context, target.lm_head,
+                                               min_confidence, sampling, None, sample, twin=True)
             else:
-                hidden = draft(block, positions, cache, slots, context)
-                drafts = draft.propose(hidden[:, 1:], target.lm_head, min_confidence, positions[:, 0], sampling)
+                hidden = cpu_draft.forward(draft, block, positions, cache, slots, context)
+                drafts = cpu_draft.propose(draft, hidden[:, 1:], target.lm_head, positions[:, 0], sampling, None,
+                                           min_confidence, sample)
         results.append((drafts, cache.k[:, 1, :, : 24 + q].clone(), cache.v[:, 1, :, : 24 + q].clone()))
     return results
 
@@ -301,7 +308,7 @@ def test_batched_draft_with_ragged_contexts_equals_the_torch_path(loaded_tiny_pa
             valid = torch.arange(5)[None] < committed[:, None]
             context = (target_hidden[:, 20:25], ctx_positions, valid)
             block_positions = (lengths + committed)[:, None] + torch.arange(6)[None]
-            out = draft(block, block_positions, cache, slots, context)
+            out = cpu_draft.forward(draft, block, block_positions, cache, slots, context)
         return out, cache.k.clone()
 
     want_out, want_k = torch_path(run)
@@ -398,21 +405,20 @@ def test_portable_build_without_avx2_equals_the_torch_path(target, torch_path, m
 
 
 def test_a_decode_checks_its_layer_plans_once(loaded_tiny_pair, monkeypatch):
-    """Inside a decode loop (`fixed_weights`) the plans are validated on the first pass only; outside it,
+    """A runner's passes (`weights_fixed_in` its memo) validate the plans on the first pass only; outside one,
     every pass checks them (so weights replaced between calls are still picked up)."""
-    from dflash_trt.decoding.autoregressive import autoregressive_generate
-    from dflash_trt.decoding.decode import speculative_generate
     from dflash_trt.decoding.requests import Request, StopCriteria
+    from dflash_trt.runtime.local import generate
 
     pair = loaded_tiny_pair
     seen = []
     objects = cpu_layers._objects
     monkeypatch.setattr(cpu_layers, "_objects", lambda layer: seen.append(id(layer)) or objects(layer))
     request = Request(tuple(range(5, 17)), stop=StopCriteria(12))
-    autoregressive_generate(pair.target, [request])
+    generate(pair, [request], autoregressive=True)
     assert len(seen) == len(pair.target.model.layers)  # 12 passes, one check
     seen.clear()
-    speculative_generate(pair.target, pair.draft, [request], 8)
+    generate(pair, [request], 8)
     assert len(seen) == len(pair.target.model.layers) + len(pair.draft.layers)
     seen.clear()
     with torch.inference_mode():

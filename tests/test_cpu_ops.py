@@ -1,4 +1,4 @@
-"""The C++ CPU library's row-independent ops (model/cpu_ops.py) against torch: projections (plain and
+"""The C++ CPU library's row-independent ops (backends/cpu/ops.py) against torch: projections (plain and
 packed panels), RMSNorm, the greedy heads; every row computed as it would be alone."""
 
 import pytest
@@ -6,7 +6,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dflash_trt.model import cpu_ops
+from dflash_trt.backends.cpu import ops as cpu_ops
+from dflash_trt.backends.cpu.target import verify_lazily
+from dflash_trt.decoding.drafts import confident_drafts
+from dflash_trt.decoding.verify import verify_block as reference_verify
 
 
 @pytest.mark.parametrize("rows,k,n", [(1, 64, 96), (2, 48, 33), (3, 20, 7), (5, 37, 11), (9, 200, 64), (16, 512, 3)])
@@ -81,17 +84,15 @@ def _drafts_with_a_mismatch(tokens: torch.Tensor, g, width: int, vocab: int) -> 
 @pytest.mark.parametrize("seed", range(40))
 def test_greedy_heads_equal_the_torch_rules(seed):
     """verify_lazily (temperature 0) and confident_drafts for one sequence, C++ vs torch."""
-    from dflash_trt.decoding.verify import verify_lazily
-    from dflash_trt.model.draft_heads import confident_drafts
-
     vocab = 50 + seed
     g, head, hidden, width = _head_and_rows(seed, vocab)
     sampling = (torch.zeros(1), torch.zeros(1, dtype=torch.int64), torch.ones(1), torch.zeros(1, dtype=torch.int64))
     with torch.inference_mode():
         truth = F.linear(hidden, head.weight).argmax(-1)
         drafts, _ = _drafts_with_a_mismatch(truth[0, 1:], g, width, vocab)
-        got = verify_lazily(hidden, head, drafts, torch.tensor([7]), *sampling)
-        want = _python_path(lambda: verify_lazily(hidden, head, drafts, torch.tensor([7]), *sampling))
+        got = verify_lazily(hidden, head, drafts, torch.tensor([7]), sampling, reference_verify, twin=False)
+        want = _python_path(lambda: verify_lazily(hidden, head, drafts, torch.tensor([7]), sampling, reference_verify,
+                                                  twin=False))
         a = int(want[1][0])
         assert int(got[1][0]) == a and torch.equal(got[0][0, : a + 1], want[0][0, : a + 1])
         for min_confidence in (0.0, 0.02, 0.3):
@@ -105,9 +106,12 @@ def test_greedy_heads_equal_the_torch_rules(seed):
 def test_sampled_verify_equals_the_lazy_torch_rule(seed, monkeypatch):
     """verify_lazily at temperature > 0 for one sequence: the C++ verify (head chunks 2, 2, 4, ..., the
     twin's rule by pointer) commits the tokens and accepted count of the chunked torch loop through the
-    kernels' switch, at several temperatures, with top-k / top-p, the mismatch anywhere."""
-    from dflash_trt.decoding.verify import verify_lazily
-    from dflash_trt.kernels import sample_tokens, verify_block
+    kernels' CPU bodies (the twin), at several temperatures, with top-k / top-p, the mismatch anywhere."""
+    from dflash_trt.kernels import select
+
+    kernels = select("cpu")
+    assert kernels.name == "twin"
+    sample_tokens, verify_block = kernels.sample_tokens, kernels.verify_block
 
     vocab = 60 + seed
     g, head, hidden, width = _head_and_rows(seed, vocab)
@@ -123,10 +127,10 @@ def test_sampled_verify_equals_the_lazy_torch_rule(seed, monkeypatch):
         truth = sample_tokens(cpu_ops.head_matmul(hidden[0].contiguous(), head), positions,
                               *(x.repeat(width) for x in sampling))
         drafts, cut = _drafts_with_a_mismatch(truth[:-1], g, width, vocab)
-        got = verify_lazily(hidden, head, drafts, start, *sampling, verify=verify_block)
-        with pytest.MonkeyPatch.context() as m:  # the chunked torch loop (the same head panels, the same switch)
+        got = verify_lazily(hidden, head, drafts, start, sampling, verify_block, twin=True)
+        with pytest.MonkeyPatch.context() as m:  # the chunked torch loop (the same head panels, the same bodies)
             m.setattr(cpu_ops, "head_ready", lambda *a: False)
-            want = verify_lazily(hidden, head, drafts, start, *sampling, verify=verify_block)
+            want = verify_lazily(hidden, head, drafts, start, sampling, verify_block, twin=True)
     a = int(want[1][0])
     assert calls == [1] and logits.shape == (width, vocab)
     assert int(got[1][0]) == a == min(cut, width - 1) and torch.equal(got[0][0, : a + 1], want[0][0, : a + 1])
@@ -144,7 +148,6 @@ def test_rms_norm_equals_torch_and_steps_aside_for_autograd():
     with torch.inference_mode():
         got = cpu_ops.rms_norm(x, norm.weight.detach(), 1e-6)
         torch.testing.assert_close(got, want.detach(), rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(norm(x), want.detach(), rtol=1e-6, atol=1e-6)
     assert cpu_ops.rms_norm(x, norm.weight, 1e-6) is None  # autograd on: the torch op
 
 

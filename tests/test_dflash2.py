@@ -3,16 +3,16 @@ against z-lab's own code (dflash==0.1.0, the same as z-lab/dflash @07ebd93) in f
 
 import pytest
 import torch
-from test_lossless import _requests
 from tiny_models import make_dflash2_draft
 
 from dflash_trt.decoding.autoregressive import autoregressive_generate
-from dflash_trt.decoding.decode import speculative_generate
+from dflash_trt.decoding.drafts import propose
+from dflash_trt.decoding.reference import speculative_generate
 
 
 @pytest.fixture(scope="module")
 def dflash2_pair(tiny_pair, tmp_path_factory):
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
 
     target_dir, _, hf, _ = tiny_pair
     folder = tmp_path_factory.mktemp("dflash2")
@@ -47,7 +47,7 @@ def test_forward_and_greedy_drafts_match_zlab(dflash2_pair, width):
     cache, slots = draft.new_cache(1, 64), torch.arange(1)
     ours = draft(pair.target.embed(block), positions[:, 17:], cache, slots, context=(target_hidden, positions[:, :17], None))
     assert (ours - ref).abs().max() <= 1e-5
-    assert torch.equal(draft.propose(ours[:, 1:], lm_head, anchor=block[:, 0]), ref_drafts)
+    assert torch.equal(propose(draft, ours[:, 1:], lm_head, positions[:, 17], anchor=block[:, 0]), ref_drafts)
     # the selector's walk is not the unary argmax (else the test would not see it)
     assert width < 4 or not torch.equal(ref_drafts, draft.logits(ours[:, 1:], lm_head).argmax(-1))
 
@@ -75,11 +75,11 @@ def test_greedy_decoding_matches_zlab_dflash_generate(dflash2_pair):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_dflash2_decoding_is_lossless(dflash2_pair, temperature):
+def test_dflash2_decoding_is_lossless(dflash2_pair, make_requests, temperature):
     from dflash_trt.runtime.service import DFlashService, ServiceLimits
 
     pair = dflash2_pair[0]
-    requests = _requests(temperature, n=12, seed=int(temperature * 10) + 7)
+    requests = make_requests(temperature, n=12, seed=int(temperature * 10) + 7)
     ar = autoregressive_generate(pair.target, requests)
     for block in (4, 8):
         spec = speculative_generate(pair.target, pair.draft, requests, block)
@@ -94,11 +94,11 @@ def test_dflash2_decoding_is_lossless(dflash2_pair, temperature):
 def test_the_tensorrt_llm_routes_refuse_dflash2_by_name(dflash2_pair, tiny_pair, tmp_path):
     import yaml
 
+    from dflash_trt.backends.trtllm.build import plan_trtllm_build
+    from dflash_trt.backends.trtllm.llmapi import from_build_config
     from dflash_trt.convert.pipeline import ConvertConfig, convert
     from dflash_trt.engine.config import load_build_config
     from dflash_trt.errors import UnsupportedModelError
-    from dflash_trt.trtllm.build import plan_trtllm_build
-    from dflash_trt.trtllm.llmapi import from_build_config
 
     draft_dir = dflash2_pair[0].draft_dir
     path = tmp_path / "cfg.yaml"

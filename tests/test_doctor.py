@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from dflash_trt.backends.trtllm import versions
 from dflash_trt.cli import cli
+from dflash_trt.cli import machine as doctor
 from dflash_trt.errors import MissingDependencyError
-from dflash_trt.trtllm import doctor, versions
 
 COMPONENTS = ["gpu", "compute capability", "cuda (driver)", "nvcc", "torch", "tensorrt", "tensorrt_llm",
               "tritonserver", "nvidia-modelopt", "onnx", "onnxruntime", "DFlashVerify plugin", "C++ CPU layer"]
@@ -91,7 +92,7 @@ def test_doctor_cli_table_and_json(no_gpu_stack):
 
 
 def test_doctor_reports_the_cpu_layer_switched_off_or_unbuildable(monkeypatch):
-    from dflash_trt.model import cpu_ops
+    from dflash_trt.backends.cpu import ops as cpu_ops
 
     monkeypatch.setenv(cpu_ops.ENV, "0")
     (row,) = doctor.probe_cpu_layers()
@@ -115,9 +116,9 @@ def test_doctor_and_build_refuse_a_plugin_without_a_kernel_for_the_gpu(monkeypat
     import shutil
     import subprocess
 
+    from dflash_trt.backends.trtllm import build_steps
+    from dflash_trt.backends.trtllm.plugin import LIBRARY_ENV
     from dflash_trt.errors import ConfigError
-    from dflash_trt.trtllm import build_steps
-    from dflash_trt.trtllm.plugin import LIBRARY_ENV
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not on PATH")

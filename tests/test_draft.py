@@ -1,4 +1,4 @@
-"""Our drafter and decode loop equal z-lab's reference (PyPI dflash==0.1.0) in fp32."""
+"""Our drafter, reference loop and engine equal z-lab's reference (PyPI dflash==0.1.0) in fp32."""
 
 import time
 
@@ -7,7 +7,7 @@ import torch
 from scripted import ScriptedDraft, script_oracle
 
 from dflash_trt.decoding.autoregressive import autoregressive_generate
-from dflash_trt.decoding.decode import speculative_generate
+from dflash_trt.decoding.reference import speculative_generate
 from dflash_trt.decoding.requests import Request, StopCriteria
 
 dflash_model = pytest.importorskip("dflash.model")
@@ -48,10 +48,14 @@ def test_greedy_decode_matches_dflash_generate_random_draft(tiny_pair, loaded_ti
     _, _, hf, oracle = tiny_pair
     prompt = list(range(3, 3 + 17))
     tokens, lengths = _oracle_generate(oracle, hf, prompt, 40, block_size)
-    ours = speculative_generate(loaded_tiny_pair.target, loaded_tiny_pair.draft,
-                                [Request(tuple(prompt), stop=StopCriteria(40))], block_size)[0]
+    request = Request(tuple(prompt), stop=StopCriteria(40))
+    ours = speculative_generate(loaded_tiny_pair.target, loaded_tiny_pair.draft, [request], block_size)[0]
     assert ours.tokens == tokens
     assert ours.acceptance_lengths == lengths
+    from dflash_trt.runtime.local import generate  # the engine (CPU backend), full blocks: the same steps
+
+    (engine,), _ = generate(loaded_tiny_pair, [request], block_size, width_policy="schedule")
+    assert engine.tokens == tokens and engine.acceptance_lengths == lengths
 
 
 @pytest.mark.parametrize("corrupt", [0.0, 0.2, 0.5])
@@ -67,7 +71,7 @@ def test_greedy_decode_matches_dflash_generate_with_acceptance(tiny_pair, loaded
     script = prompt + ar.tokens
     tokens, lengths = _oracle_generate(script_oracle(oracle, script, corrupt), hf, prompt, 48, 8)
     draft = ScriptedDraft(loaded_tiny_pair.draft, [script], corrupt)
-    ours = speculative_generate(loaded_tiny_pair.target, draft, [request], 8)[0]
+    ours = speculative_generate(loaded_tiny_pair.target, draft, [request], 8, propose=draft.propose)[0]
     assert tokens == ar.tokens and ours.tokens == ar.tokens
     assert ours.acceptance_lengths == lengths
     if corrupt == 0.0:
@@ -80,7 +84,7 @@ def test_sliding_window_draft_matches_reference(tiny_pair, tmp_path, use_window)
     Qwen3Config, `sliding_window` counts only with `use_sliding_window` (else: causal, no window)."""
     from tiny_models import make_draft
 
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
 
     target_dir, _, hf, _ = tiny_pair
     oracle = make_draft(tmp_path / "d", hf.config, layer_types=["sliding_attention", "full_attention"],
@@ -105,7 +109,7 @@ def test_context_folded_into_draft_pass_equals_append_then_draft(tiny_pair, tmp_
     """Ragged rows: `forward(context=...)` == `append_context` then `forward`, hidden and cache alike."""
     from tiny_models import make_draft
 
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
 
     target_dir, draft_dir, hf, _ = tiny_pair
     if layer_types is not None:
@@ -149,7 +153,7 @@ def test_window_layers_derived_as_hf_without_layer_types(tiny_pair, tmp_path):
 
     from tiny_models import make_draft
 
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
 
     target_dir, _, hf, _ = tiny_pair
     oracle = make_draft(tmp_path / "d", hf.config, layer_types=None, sliding_window=5, use_sliding_window=True,
@@ -178,7 +182,7 @@ def test_newer_zlab_config_layout_reads_as_zlab_reads_it(tiny_pair, tmp_path):
 
     from tiny_models import make_draft
 
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
 
     target_dir, _, hf, _ = tiny_pair
     make_draft(tmp_path / "d", hf.config, layer_types=["sliding_attention", "full_attention"], sliding_window=4,

@@ -7,14 +7,14 @@ from collections import Counter
 import pytest
 import torch
 from click.testing import CliRunner
-from test_lossless import _requests
 
 from dflash_trt.cli import cli
 from dflash_trt.decoding.autoregressive import autoregressive_generate
-from dflash_trt.decoding.decode import speculative_generate
+from dflash_trt.decoding.drafts import propose
+from dflash_trt.decoding.reference import speculative_generate
 from dflash_trt.errors import CheckpointError, ConfigError
 from dflash_trt.model import draft_vocab as dv
-from dflash_trt.runtime.local import apply_draft_vocab, load_pair
+from dflash_trt.model.loader import apply_draft_vocab, load_pair
 
 
 def test_record_ranks_by_count_and_sizes_by_coverage():
@@ -91,22 +91,26 @@ def test_proposals_are_the_argmax_over_the_vocabulary(tiny_pair, tmp_path):
         outside = torch.ones(256, dtype=torch.bool)
         outside[ids] = False
         expected = full.masked_fill(outside, float("-inf")).argmax(-1)
-        assert torch.equal(pair.draft.propose(hidden, pair.target.lm_head), expected)
-        cut = pair.draft.propose(hidden, pair.target.lm_head, min_confidence=0.01)
+        start = torch.zeros(3, dtype=torch.int64)
+        assert torch.equal(propose(pair.draft, hidden, pair.target.lm_head, start), expected)
+        cut = propose(pair.draft, hidden, pair.target.lm_head, start, min_confidence=0.01)
         assert torch.equal(cut, expected[:, : cut.shape[1]])
         apply_draft_vocab(pair, "full")
         assert pair.draft.vocab_size is None
-        assert torch.equal(pair.draft.propose(hidden, pair.target.lm_head), full.argmax(-1))
+        assert torch.equal(propose(pair.draft, hidden, pair.target.lm_head, start), full.argmax(-1))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_decoding_with_a_draft_vocabulary_is_lossless(tiny_pair, tmp_path, temperature):
-    requests = _requests(temperature, n=16, seed=int(temperature * 10) + 1)
+def test_decoding_with_a_draft_vocabulary_is_lossless(tiny_pair, tmp_path, make_requests, temperature):
+    from dflash_trt.runtime.local import generate
+
+    requests = make_requests(temperature, n=16, seed=int(temperature * 10) + 1)
     pair = _vocab_pair(tiny_pair, tmp_path, list(range(0, 256, 3)))
     ar = autoregressive_generate(pair.target, requests)
     apply_draft_vocab(pair, 50)
-    spec = speculative_generate(pair.target, pair.draft, requests, 8, min_confidence=0.001)
-    assert [s.tokens for s in spec] == [a.tokens for a in ar]
+    assert [s.tokens for s in speculative_generate(pair.target, pair.draft, requests, 8)] == [a.tokens for a in ar]
+    engine, _ = generate(pair, requests, 8, min_confidence=0.001)  # the engine: CPU heads over the vocabulary
+    assert [s.tokens for s in engine] == [a.tokens for a in ar]
 
 
 def test_vocab_size_must_match_the_target(tiny_pair, tmp_path):
@@ -147,13 +151,14 @@ def test_the_shipped_drafter_has_a_vocabulary_that_keeps_acceptance():
     from dflash_trt.bench.local import load_prompts
     from dflash_trt.decoding.requests import Request, StopCriteria
     from dflash_trt.engine.config import ASSETS
+    from dflash_trt.runtime.local import generate
 
     pair = load_pair(ASSETS / "tiny-qwen3", ASSETS / "tiny-qwen3-dflash", dtype="fp32", device="cpu")
     requests = [Request(tuple(p), stop=StopCriteria(64)) for p in load_prompts(None, None, 4)]
-    full = speculative_generate(pair.target, pair.draft, requests, 16)
+    full = generate(pair, requests, 16, width_policy="schedule")[0]
     apply_draft_vocab(pair, "auto")
     assert 64 <= pair.draft.vocab_size < 4096 // 2  # under half of the head's rows read per draft step
-    cut = speculative_generate(pair.target, pair.draft, requests, 16)
+    cut = generate(pair, requests, 16, width_policy="schedule")[0]
     assert [c.tokens for c in cut] == [f.tokens for f in full]
     steps = lambda rs: sum(len(r.acceptance_lengths) for r in rs)
     assert steps(cut) <= 1.05 * steps(full)

@@ -11,11 +11,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from dflash_trt.backends.torch.bundle import load_bundle
 from dflash_trt.cli import cli
 from dflash_trt.engine.config import load_build_config
-from dflash_trt.engine.torch_backend import load_bundle
 from dflash_trt.errors import CheckpointError, ConfigError
-from dflash_trt.runtime import backends
+from dflash_trt.runtime.build import build
 from dflash_trt.triton.repository import publish
 
 
@@ -63,16 +63,16 @@ def test_missing_field_and_broken_yaml(tmp_path):
 
 def test_build_records_manifest_and_reuses_unchanged(tmp_path, tiny_pair):
     cfg = load_build_config(_config(tmp_path, tiny_pair))
-    path, manifest, reused = backends.build(cfg, log=lambda m: None)
+    path, manifest, reused = build(cfg, log=lambda m: None)
     assert not reused and path == tmp_path / "bundle"
     assert manifest["golden"]["matches_autoregressive"]
     assert manifest["fingerprint"]["target"]["model.safetensors"]
     assert {"target/model.safetensors", "draft/model.safetensors", "build_config.yaml"} <= set(manifest["files"])
     assert manifest["versions"]["torch"].startswith("2.13")
-    again = backends.build(cfg, log=lambda m: None)
+    again = build(cfg, log=lambda m: None)
     assert again[2] is True
     changed = replace(cfg, block_size=3)
-    assert backends.build(changed, log=lambda m: None)[2] is False
+    assert build(changed, log=lambda m: None)[2] is False
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bundle.")]
 
 
@@ -85,12 +85,12 @@ def test_draft_vocabulary_goes_into_the_bundle_and_is_served(tmp_path, tiny_pair
     cfg = load_build_config(_config(tmp_path, tiny_pair, runtime={"device": "cpu", "max_batch_size": 2,
                                                                   "max_seq_len": 64, "draft_vocab_size": 30}))
     with pytest.raises(ConfigError, match="field 'runtime.draft_vocab_size'.*dflash-trt draft-vocab"):
-        backends.build(cfg, log=lambda m: None)
+        build(cfg, log=lambda m: None)
     draft = tmp_path / "draft"
     shutil.copytree(tiny_pair[1], draft)
     draft_vocab.write_vocab_file(draft, draft_vocab.vocab_record(Counter({t: 300 - t for t in range(100)}), 256, "t"))
     cfg = replace(cfg, draft=str(draft))
-    path, manifest, _ = backends.build(cfg, log=lambda m: None)
+    path, manifest, _ = build(cfg, log=lambda m: None)
     assert "draft/dflash_trt_draft_vocab.json" in manifest["files"] and manifest["golden"]["matches_autoregressive"]
     _, pair = load_bundle(path)
     assert pair.draft.vocab_size == 30
@@ -98,7 +98,7 @@ def test_draft_vocabulary_goes_into_the_bundle_and_is_served(tmp_path, tiny_pair
 
 def test_corrupted_bundle_is_refused_at_load_and_publish(tmp_path, tiny_pair):
     cfg = load_build_config(_config(tmp_path, tiny_pair))
-    path, _, _ = backends.build(cfg, log=lambda m: None)
+    path, _, _ = build(cfg, log=lambda m: None)
     weights = path / "draft" / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-5] ^= 0xFF
@@ -107,12 +107,12 @@ def test_corrupted_bundle_is_refused_at_load_and_publish(tmp_path, tiny_pair):
         load_bundle(path)
     with pytest.raises(CheckpointError, match="draft/model.safetensors"):
         publish(path, tmp_path / "repo")
-    assert backends.build(cfg, log=lambda m: None)[2] is False  # a corrupted bundle is rebuilt, not reused
+    assert build(cfg, log=lambda m: None)[2] is False  # a corrupted bundle is rebuilt, not reused
 
 
 def test_publish_renders_both_models(tmp_path, tiny_pair):
     cfg = load_build_config(_config(tmp_path, tiny_pair))
-    path, manifest, _ = backends.build(cfg, log=lambda m: None)
+    path, manifest, _ = build(cfg, log=lambda m: None)
     repo = publish(path, tmp_path / "repo")
     for name, block in (("dflash", "4"), ("dflash_ar", "1")):
         text = (repo / name / "config.pbtxt").read_text()
@@ -144,7 +144,7 @@ def test_killed_build_leaves_no_partial_bundle(tmp_path, tiny_pair):
 @pytest.mark.parametrize("quant,kv", [("fp8", "auto"), ("nvfp4", "fp8")])
 def test_quantized_bundle_holds_trtllm_checkpoints_and_serves_losslessly(tmp_path, tiny_pair, quant, kv):
     cfg = load_build_config(_config(tmp_path, tiny_pair, quant=quant, kv_cache=kv))
-    path, manifest, _ = backends.build(cfg, log=lambda m: None)
+    path, manifest, _ = build(cfg, log=lambda m: None)
     assert manifest["format"] == "trtllm-checkpoint"
     assert (path / "target" / "rank0.safetensors").is_file() and (path / "draft" / "rank0.safetensors").is_file()
     assert manifest["golden"]["matches_autoregressive"]  # lossless w.r.t. the quantized target itself

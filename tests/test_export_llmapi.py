@@ -17,8 +17,14 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from dflash_trt.backends.trtllm.llmapi import (
+    LlmapiExport,
+    attention_backend,
+    config_pbtxt,
+    draft_len_schedule,
+    model_yaml,
+)
 from dflash_trt.cli import cli
-from dflash_trt.trtllm.llmapi import LlmapiExport, attention_backend, config_pbtxt, draft_len_schedule, model_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 DFLASH_FIELDS = {"max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency",
@@ -140,8 +146,9 @@ def test_export_errors(tmp_path, tiny_pair):
 
 
 def upstream_draft_len(schedule: dict[int, int], batch: int) -> int:
-    """TensorRT-LLM's reading (llm_args.py DecodingBaseConfig.draft_len_schedule docstring, search id 55143598664;
-    test id 58916828372): the value of the smallest key >= batch size; past the largest key, 0 (no speculation)."""
+    """TensorRT-LLM's reading (tensorrt_llm/llmapi/llm_args.py, DecodingBaseConfig.draft_len_schedule docstring;
+    tests/unittest/_torch/speculative/hw_agnostic/test_min_runtime_draft_len.py@011d093): the value of the
+    smallest key >= batch size; past the largest key, 0 (no speculation)."""
     keys = [k for k in sorted(schedule) if k >= batch]
     return schedule[keys[0]] if keys else 0
 
@@ -155,18 +162,14 @@ def upstream_draft_len(schedule: dict[int, int], batch: int) -> int:
     (16, 32, {4: 32}, {32: 15}),  # a larger block than the export's is capped
 ])
 def test_draft_len_schedule_is_upstreams_upper_bound_reading_of_our_schedule(block, max_batch, ours, theirs):
-    from types import SimpleNamespace
-
-    from dflash_trt.runtime.scheduler import Scheduler
+    from dflash_trt.runtime.width import scheduled_width
 
     export = _export(block_size=block, max_batch_size=max_batch, block_size_schedule=tuple(sorted(ours.items())))
     schedule = draft_len_schedule(export)
     assert schedule == theirs
     assert schedule[min(schedule)] == block - 1  # upstream's validator: smallest key -> max_draft_len
-    runtime = SimpleNamespace(block_size=block, block_size_schedule=dict(sorted(ours.items())), adaptive=None,
-                              measured=None)
     for batch in range(1, max_batch + 1):  # our scheduler's verify width, batch by batch
-        assert upstream_draft_len(schedule, batch) == Scheduler.scheduled_width(runtime, batch) - 1, batch
+        assert upstream_draft_len(schedule, batch) == scheduled_width(block, ours, batch) - 1, batch
 
 
 def test_draft_len_schedule_refuses_a_narrower_first_block():
@@ -176,9 +179,9 @@ def test_draft_len_schedule_refuses_a_narrower_first_block():
 
 @pytest.mark.parametrize("version", ["1.3.0rc27", "1.3.0", "1.4.0rc1", "1.5.2"])
 def test_speculative_config_carries_only_fields_the_release_declares(version):
-    """DecodingBaseConfig forbids extra keys (StrictBaseModel extra='forbid', llm_args.py search ids 1520735490,
-    1090804222): every key must be one of the release's fields, as the API reference lists them."""
-    from dflash_trt.trtllm import llmapi_fields
+    """DecodingBaseConfig forbids extra keys (StrictBaseModel extra='forbid', tensorrt_llm/llmapi/llm_args.py):
+    every key must be one of the release's fields, as the API reference lists them."""
+    from dflash_trt.backends.trtllm import llmapi_fields
 
     spec = model_yaml(_export(trtllm_version=version, block_size_schedule=((4, 8),)))["speculative_config"]
     assert set(spec) <= llmapi_fields.fields(version)

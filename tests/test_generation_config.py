@@ -33,7 +33,7 @@ def test_local_decoding_stops_where_hf_generate_does(target_with_generation_stop
 
     from dflash_trt.decoding.autoregressive import autoregressive_generate
     from dflash_trt.decoding.requests import Request, StopCriteria
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
 
     folder, model, prompt, stop = target_with_generation_stop
     config = GenerationConfig.from_pretrained(folder)

@@ -1,7 +1,7 @@
 """The house shows the pipeline: top-level folders, one-way imports, file sizes, the packaged templates.
 
-The import rules (docs/design-notes.md, "Layout") are checked on the source, every import counted,
-including the ones inside functions: a lazy import is still a dependency.
+The import order (docs/design-notes.md, "Layout") is checked on the source, every import counted, including
+the ones inside functions: a lazy import is still a dependency.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """Every dflash_trt module `path` imports (absolute names; `from a import b` counts a and a.b)."""
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """Every dflash_trt module `path` imports (absolute names): `from a import b` counts a.b where that is a
+    module, else a (a name defined in a's __init__)."""
     module, found = _module_name(path), set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
@@ -38,13 +39,13 @@ def _imports(path: Path) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([node.module] if node.module else []))
-            found |= {base} | {f"{base}.{a.name}" for a in node.names}
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
     return {name for name in found if name.startswith("dflash_trt")}
 
 
 def _graph() -> dict[str, set[str]]:
     modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-    return {m: {i for i in _imports(p) if i in modules and i != m} for m, p in modules.items()}
+    return {m: {i for i in _imports(p, set(modules)) if i in modules and i != m} for m, p in modules.items()}
 
 
 def _under(module: str, package: str) -> bool:
@@ -59,14 +60,53 @@ def test_top_level_is_the_design_card():
     assert not (PACKAGE / "spec").exists(), "the algorithm's package is decoding/"
 
 
-def test_nothing_below_the_cli_imports_it():
-    offenders = {m: sorted(i for i in deps if _under(i, "dflash_trt.cli"))
-                 for m, deps in _graph().items() if not _under(m, "dflash_trt.cli")}
-    assert {m: d for m, d in offenders.items() if d} == {}
+# The packages top to bottom (docs/design-notes.md, "Layout"): a module may import only packages below its own.
+# "" is the top-level modules (errors, atomic, tokenizer, host_build). The CPU backend specialises the torch
+# backend's runners, so it sits above it; the TensorRT-LLM backend is their sibling.
+ORDER = ["cli", "bench", "train", "triton", "runtime", "backends.trtllm", "backends.cpu", "backends.torch", "backends",
+         "convert", "engine", "kernels", "model", "decoding", "checkpoint", ""]
 
 
-@pytest.mark.parametrize("package", ["dflash_trt.model", "dflash_trt.decoding", "dflash_trt.checkpoint",
-                                     "dflash_trt.engine", "dflash_trt.runtime", "dflash_trt.triton"])
+def package_of(module: str) -> str:
+    """The ORDER entry a module belongs to: the longest one its dotted name starts with."""
+    name = module.removeprefix("dflash_trt").lstrip(".")
+    return max((p for p in ORDER if p == "" or name == p or name.startswith(p + ".")), key=len)
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import edge from a package to one not below it in ORDER (lazy imports included)."""
+    rank = {p: i for i, p in enumerate(ORDER)}
+    bad = []
+    for module, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            a, b = package_of(module), package_of(dep)
+            if a != b and rank[a] >= rank[b]:
+                bad.append(f"{module} -> {dep} ({a or 'top-level'} may not import {b or 'top-level'})")
+    return bad
+
+
+def test_every_package_is_placed_in_the_order():
+    packages = {_module_name(p) for p in PACKAGE.rglob("__init__.py")}
+    unplaced = sorted(m for m in packages if package_of(m) == "" and m != "dflash_trt")
+    assert unplaced == []
+
+
+def test_imports_run_down_the_package_order():
+    assert violations(_graph()) == []
+
+
+def test_the_order_check_catches_an_upward_import():
+    """An edge against the order is reported, however it is spelled (a lazy import counts as much)."""
+    graph = _graph()
+    graph["dflash_trt.decoding.sampling"] = graph["dflash_trt.decoding.sampling"] | {"dflash_trt.runtime.scheduler"}
+    graph["dflash_trt.backends.torch.runners"] = graph["dflash_trt.backends.torch.runners"] | \
+        {"dflash_trt.backends.cpu.ops"}
+    found = " | ".join(violations(graph))
+    assert len(violations(graph)) == 2, found
+    assert "decoding may not import runtime" in found and "backends.torch may not import backends.cpu" in found
+
+
+@pytest.mark.parametrize("package", sorted({"dflash_trt." + p for p in ORDER if p}))
 def test_no_import_circle_inside(package):
     graph = {m: {d for d in deps if _under(d, package)} for m, deps in _graph().items() if _under(m, package)}
     state: dict[str, int] = {}  # 1 on the current path, 2 done
@@ -85,10 +125,11 @@ def test_no_import_circle_inside(package):
             visit(module, [module])
 
 
-@pytest.mark.parametrize("package", ["dflash_trt.triton", "dflash_trt.engine"])
-def test_server_and_engine_do_not_import_a_backend(package):
-    """The server asks runtime/backends.py for runners; engine/ defines the build contract a backend fills."""
-    bad = {m: sorted(d for d in deps if _under(d, "dflash_trt.trtllm"))
+@pytest.mark.parametrize("package", ["dflash_trt.triton", "dflash_trt.bench", "dflash_trt.train"])
+def test_the_server_and_tools_ask_the_runtime_for_runners(package):
+    """The server, the benchmarks and training get runners through the runtime (runtime/backends.py), never
+    from a backend directly."""
+    bad = {m: sorted(d for d in deps if _under(d, "dflash_trt.backends"))
            for m, deps in _graph().items() if _under(m, package)}
     assert {m: d for m, d in bad.items() if d} == {}
 
@@ -149,5 +190,5 @@ def test_wheel_carries_the_model_repository_templates(tmp_path):
         assert f"dflash_trt/triton_model_repo/{model}/1/model.py" in names
     assert "dflash_trt/triton_model_repo/README.md" in names
     assert "dflash_trt/triton/python_model.py" in names and "dflash_trt/cli/__init__.py" in names
-    assert "dflash_trt/model/cpu_kernels/decoder_layer.cpp" in names
+    assert "dflash_trt/backends/cpu/cpu_kernels/decoder_layer.cpp" in names
     assert not any(n.startswith("triton_model_repo/") for n in names)

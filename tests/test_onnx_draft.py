@@ -14,13 +14,13 @@ import torch
 pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
+from dflash_trt.backends.torch.runners import TorchDraftRunner, TorchTargetRunner  # noqa: E402
+from dflash_trt.backends.trtllm.draft_runner import ort_draft_runner  # noqa: E402
+from dflash_trt.backends.trtllm.io_spec import DraftGraphSpec  # noqa: E402
+from dflash_trt.backends.trtllm.onnx_export import GRAPH_FILES, export_draft_graphs, spec_for  # noqa: E402
 from dflash_trt.decoding.requests import Request, StopCriteria  # noqa: E402
 from dflash_trt.decoding.sampling import SamplingParams  # noqa: E402
-from dflash_trt.runtime.runner import TorchDraftRunner, TorchTargetRunner  # noqa: E402
-from dflash_trt.trtllm.draft_runner import ort_draft_runner  # noqa: E402
-from dflash_trt.trtllm.golden import decode  # noqa: E402
-from dflash_trt.trtllm.io_spec import DraftGraphSpec  # noqa: E402
-from dflash_trt.trtllm.onnx_export import GRAPH_FILES, export_draft_graphs, spec_for  # noqa: E402
+from dflash_trt.runtime.generate import decode  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parent.parent / "dflash_trt" / "assets"
 SLOTS, MAX_SEQ = 4, 128
@@ -85,13 +85,12 @@ def _check_lockstep_decode(pair, folder: Path, requests: list[Request], schedule
     torch_draft = TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, block_size)
     graph_draft = ort_draft_runner(folder, SLOTS)
     lockstep = Lockstep(torch_draft, graph_draft)
-    got = decode(TorchTargetRunner(pair.target, SLOTS, capacity, taps), lockstep, requests, SLOTS, capacity,
+    got = decode(TorchTargetRunner(pair.target, SLOTS, capacity, taps), lockstep, requests, SLOTS,
                  block_size_schedule=schedule)
     reference_draft = TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, block_size)
     reference = decode(TorchTargetRunner(pair.target, SLOTS, capacity, taps),
-                       reference_draft if graph_draft.spec.sampled else GreedyDrafts(reference_draft), requests,
-                       SLOTS, capacity, block_size_schedule=schedule)
-    ar = decode(TorchTargetRunner(pair.target, SLOTS, capacity, ()), None, requests, SLOTS, capacity)
+                       reference_draft if graph_draft.spec.sampled else GreedyDrafts(reference_draft), requests, SLOTS, block_size_schedule=schedule)
+    ar = decode(TorchTargetRunner(pair.target, SLOTS, capacity, ()), None, requests, SLOTS)
     for step, (expected, proposed) in enumerate(lockstep.steps):
         assert torch.equal(expected, proposed), f"step {step}: onnxruntime proposed {proposed} != torch {expected}"
     assert [r.tokens for r in got] == [r.tokens for r in reference] == [r.tokens for r in ar]
@@ -168,7 +167,7 @@ def test_onnx_draft_decode_on_the_shipped_pair(target, draft, tmp_path):
     the torch runner's, step by step) are accepted more often than the greedy graphs' argmax drafts."""
     if not (ASSETS / draft / "config.json").is_file():
         pytest.skip(f"shipped pair not present ({ASSETS / draft}/config.json)")
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
 
     pair = load_pair(ASSETS / target, ASSETS / draft, dtype="fp32", device="cpu")
     requests = _heldout_requests(pair, temperature=1.0, n=8)
@@ -194,8 +193,8 @@ def _heldout_requests(pair, temperature: float, n: int) -> list[Request]:
 def test_onnx_draft_with_a_draft_vocabulary_proposes_like_torch(tiny_pair, tmp_path, sampled):
     """A draft vocabulary goes into the propose graph (head rows + id gather; sampled graphs return its
     columns' logits and write its ids beside the graphs): the same proposals as torch."""
-    from dflash_trt.runtime.local import load_pair
-    from dflash_trt.trtllm.io_spec import DRAFT_VOCAB_FILE
+    from dflash_trt.backends.trtllm.io_spec import DRAFT_VOCAB_FILE
+    from dflash_trt.model.loader import load_pair
 
     pair = load_pair(tiny_pair[0], tiny_pair[1], dtype="fp32", device="cpu")
     ids = torch.randperm(pair.target.config.vocab_size, generator=torch.Generator().manual_seed(5))[:64].tolist()
@@ -210,7 +209,7 @@ def test_onnx_draft_with_a_draft_vocabulary_proposes_like_torch(tiny_pair, tmp_p
 def test_bf16_graphs_export_with_bf16_io(tiny_pair, tmp_path):
     """What a GPU build exports (bf16): valid ONNX with bf16 float I/O (onnxruntime's CPU provider has no
     bf16 kernels, so only TensorRT runs these)."""
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
 
     pair = load_pair(tiny_pair[0], tiny_pair[1], dtype="bf16", device="cpu", native_dtype=True)
     spec = spec_for(pair.draft, pair.target, pair.draft.config.block_size, 64, 2, "bf16")

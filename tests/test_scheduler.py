@@ -4,7 +4,6 @@ import threading
 import time
 
 import pytest
-from test_lossless import _requests
 
 from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.decoding.requests import Request, StopCriteria
@@ -19,16 +18,16 @@ def service(loaded_tiny_pair):
     svc.shutdown()
 
 
-def test_more_requests_than_slots_match_autoregressive(service, loaded_tiny_pair):
-    requests = _requests(0.8, n=14, seed=5)
+def test_more_requests_than_slots_match_autoregressive(service, loaded_tiny_pair, make_requests):
+    requests = make_requests(0.8, n=14, seed=5)
     expected = autoregressive_generate(loaded_tiny_pair.target, requests)
     got = service.generate(requests)
     assert [g.tokens for g in got] == [e.tokens for e in expected]
     assert [g.finish_reason for g in got] == [e.finish_reason for e in expected]
 
 
-def test_requests_arriving_while_others_decode(service, loaded_tiny_pair):
-    requests = _requests(0.0, n=8, seed=9) + _requests(1.0, n=8, seed=10)
+def test_requests_arriving_while_others_decode(service, loaded_tiny_pair, make_requests):
+    requests = make_requests(0.0, n=8, seed=9) + make_requests(1.0, n=8, seed=10)
     expected = autoregressive_generate(loaded_tiny_pair.target, requests)
     results, lock, done = {}, threading.Lock(), threading.Event()
 
@@ -101,10 +100,10 @@ def test_request_too_long_for_the_bundle_is_rejected(service):
         service.submit(Request(tuple(range(100)), stop=StopCriteria(100)), lambda e: None)
 
 
-def test_block_size_one_service_is_plain_autoregressive(loaded_tiny_pair):
+def test_block_size_one_service_is_plain_autoregressive(loaded_tiny_pair, make_requests):
     svc = DFlashService(loaded_tiny_pair, ServiceLimits(max_batch_size=3, max_seq_len=128, block_size=1))
     try:
-        requests = _requests(0.9, n=5, seed=21)
+        requests = make_requests(0.9, n=5, seed=21)
         got = svc.generate(requests)
         assert [g.tokens for g in got] == [e.tokens for e in autoregressive_generate(loaded_tiny_pair.target, requests)]
         assert all(set(g.acceptance_lengths) <= {1} for g in got)
@@ -112,24 +111,16 @@ def test_block_size_one_service_is_plain_autoregressive(loaded_tiny_pair):
         svc.shutdown()
 
 
-def test_block_size_schedule_narrows_busy_steps_and_stays_lossless(loaded_tiny_pair):
+def test_block_size_schedule_narrows_busy_steps_and_stays_lossless(loaded_tiny_pair, make_requests):
     limits = ServiceLimits(max_batch_size=6, max_seq_len=128, block_size=8, block_size_schedule={3: 4, 5: 2})
     svc = DFlashService(loaded_tiny_pair, limits)
     try:
         assert [svc.scheduler.verify_width(b) for b in (1, 2, 3, 4, 5, 6)] == [8, 8, 4, 4, 2, 2]
-        requests = _requests(0.7, n=9, seed=31)
+        requests = make_requests(0.7, n=9, seed=31)
         got = svc.generate(requests)
         assert [g.tokens for g in got] == [e.tokens for e in autoregressive_generate(loaded_tiny_pair.target, requests)]
     finally:
         svc.shutdown()
-
-
-@pytest.fixture(scope="module")
-def shipped_pair():
-    from dflash_trt.engine.config import ASSETS
-    from dflash_trt.runtime.local import load_pair
-
-    return load_pair(ASSETS / "tiny-qwen3", ASSETS / "tiny-qwen3-dflash", dtype="fp32", device="cpu")
 
 
 def test_schedule_block_1_runs_autoregressive_steps_and_keeps_the_draft_context(shipped_pair):
@@ -191,16 +182,15 @@ def _assert_draft_context_complete(pair, runner, requests, results):
                 assert torch.allclose(cache.v[i, slot, :, :m], v[0, :m].transpose(0, 1), atol=1e-4), (slot, i)
 
 
-def test_served_steps_check_their_layers_weights_once(loaded_tiny_pair, monkeypatch):
-    """The scheduler's steps share one `cpu_layers.weights_fixed_in` memo: the C++ passes of a served
-    pair check its layers' tensors on the first pass only (a check is ~0.1-0.6 ms a pass), and the
-    tokens stay the autoregressive ones."""
-    from dflash_trt.model import cpu_layers
+def test_served_steps_check_their_layers_weights_once(loaded_tiny_pair, monkeypatch, make_requests):
+    """Each CPU runner's passes share one `weights_fixed_in` memo: the C++ passes of a served pair check its
+    layers' tensors on the first pass only, and the tokens stay the autoregressive ones."""
+    from dflash_trt.backends.cpu import layers as cpu_layers
 
     checks = []
     objects = cpu_layers._objects
     monkeypatch.setattr(cpu_layers, "_objects", lambda layer: checks.append(1) or objects(layer))
-    requests = _requests(0.0, n=3, seed=5)
+    requests = make_requests(0.0, n=3, seed=5)
     svc = DFlashService(loaded_tiny_pair, ServiceLimits(max_batch_size=2, max_seq_len=128))
     try:
         first = svc.generate(requests)

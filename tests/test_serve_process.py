@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from dflash_trt.engine.config import load_build_config
-from dflash_trt.runtime import backends
+from dflash_trt.runtime.build import build
 from dflash_trt.triton.repository import publish
 from dflash_trt.triton.server import Ports, model_processes, server_pids
 
@@ -28,7 +28,7 @@ def repo(tmp_path_factory, tiny_pair):
             "dtype": "fp32", "block_size": 4, "runtime": {"device": "cpu", "max_batch_size": 2, "max_seq_len": 64},
             "golden": {"prompts": [{"token_ids": [1, 2, 3]}], "max_new_tokens": 4}, "output": "bundle"}
     (root / "cfg.yaml").write_text(yaml.safe_dump(data))
-    bundle, _, _ = backends.build(load_build_config(root / "cfg.yaml"), log=lambda m: None)
+    bundle, _, _ = build(load_build_config(root / "cfg.yaml"), log=lambda m: None)
     return publish(bundle, root / "repo")
 
 
@@ -98,7 +98,7 @@ def shipped_repo(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("supervised")
     cfg = load_build_config(Path(__file__).resolve().parents[1] / "build_configs" / "tiny-cpu.yaml")
-    bundle, _, _ = backends.build(replace(cfg, output=str(root / "bundle")), log=lambda m: None)
+    bundle, _, _ = build(replace(cfg, output=str(root / "bundle")), log=lambda m: None)
     return publish(bundle, root / "repo")
 
 

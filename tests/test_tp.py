@@ -4,10 +4,11 @@ import pytest
 from test_convert import one_thread, run_convert, with_random_biases  # noqa: F401  (autouse fixture)
 from tiny_models import make_draft, make_target
 
+from dflash_trt.backends.torch.parallel import load_trtllm_pair
 from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.decoding.sampling import SamplingParams
 from dflash_trt.runtime.local import generate
-from dflash_trt.runtime.tp import TPJob, load_trtllm_pair, tp_generate
+from dflash_trt.runtime.tp import TPJob, tp_generate
 
 REQUESTS = (
     Request((5, 6, 7, 8), stop=StopCriteria(10)),

@@ -110,7 +110,7 @@ def test_init_starts_from_an_existing_drafter(tiny_pair, tmp_path):
 
 
 def test_init_grows_a_shallower_drafter_without_changing_its_outputs(tiny_pair, tmp_path):
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
 
     data = _data(tmp_path / "d.jsonl")
     _train(tiny_pair[0], data, tmp_path / "a", 20, ("--layers", "1"))
@@ -147,10 +147,10 @@ def test_init_with_other_taps_is_refused(tiny_pair, tmp_path):
 def test_chain_simulated_tau_equals_decoding_the_same_prompts():
     """On target-greedy data, chain_acceptance_length predicts greedy DFlash decoding's τ (shipped pair)."""
     from dflash_trt.bench.local import load_prompts
-    from dflash_trt.decoding.decode import speculative_generate
+    from dflash_trt.decoding.reference import speculative_generate
     from dflash_trt.decoding.requests import Request, StopCriteria
     from dflash_trt.engine.config import ASSETS
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
     from dflash_trt.train.blocks import chain_acceptance_length
     from dflash_trt.train.data import Sample, pack
     from dflash_trt.train.trainer import TargetFeatures
@@ -262,7 +262,7 @@ def test_distill_slots_restrict_the_kl_to_the_first_slots():
 
 def test_target_block_logits_are_the_targets_own_next_token_logits(tiny_pair):
     """Slot k of anchor a gets the target's logits at position a + k - 1 (those that predict the slot's label)."""
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
     from dflash_trt.train.blocks import target_block_logits
 
     pair = load_pair(tiny_pair[0], None, dtype="fp32", device="cpu")
@@ -303,7 +303,7 @@ def test_regeneration_mixes_a_list_of_temperatures(tiny_pair, tmp_path):
     from dflash_trt.decoding.autoregressive import autoregressive_generate
     from dflash_trt.decoding.requests import Request, StopCriteria
     from dflash_trt.decoding.sampling import SamplingParams
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
     from dflash_trt.train import data as train_data
 
     pair = load_pair(tiny_pair[0], None, dtype="fp32", device="cpu")

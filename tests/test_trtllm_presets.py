@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from dflash_trt.engine.config import load_build_config
 from dflash_trt.engine.regress import can_build, regress_one
 from dflash_trt.errors import MissingDependencyError
-from dflash_trt.runtime import backends
+from dflash_trt.runtime.build import build
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = {
@@ -34,7 +34,7 @@ def test_preset_loads_and_names_its_downloads(name, monkeypatch, tmp_path):
         assert f"huggingface-cli download {repo} --local-dir models/" in text
     monkeypatch.setitem(sys.modules, "tensorrt_llm", None)
     assert "tensorrt_llm not installed" in can_build(cfg)
-    outcome = regress_one(path, tmp_path, update=False, build=backends.build)
+    outcome = regress_one(path, tmp_path, update=False, build=build)
     assert outcome.status == "skip"
 
 
@@ -48,9 +48,9 @@ def test_gpt_oss_preset_says_what_is_missing():
 def test_trtllm_entry_points_name_the_package_to_install(monkeypatch, tmp_path):
     for module in GPU_STACKS[:3]:
         monkeypatch.setitem(sys.modules, module, None)
-    from dflash_trt.trtllm import sessions
-    from dflash_trt.trtllm.plugin import register
-    from dflash_trt.trtllm.runner import TrtllmTargetRunner, load_trtllm_runners
+    from dflash_trt.backends.trtllm import sessions
+    from dflash_trt.backends.trtllm.plugin import register
+    from dflash_trt.backends.trtllm.runner import TrtllmTargetRunner, load_trtllm_runners
 
     checks = [(lambda: TrtllmTargetRunner.open(tmp_path, {}, 1), r"tensorrt-llm==1\.2\.1"),
               (lambda: load_trtllm_runners(tmp_path, 1), r"tensorrt-llm==1\.2\.1"),
@@ -67,8 +67,8 @@ def test_import_and_help_without_gpu_stacks():
     """A fresh interpreter where every GPU / serving stack is absent: imports and every --help work."""
     code = (f"import sys\nfor m in {GPU_STACKS!r}: sys.modules[m] = None\n"
             "import dflash_trt, dflash_trt.cli\n"
-            "import dflash_trt.trtllm.build, dflash_trt.trtllm.runner, dflash_trt.trtllm.llmapi, "
-            "dflash_trt.trtllm.doctor, dflash_trt.trtllm.target_model_cls, dflash_trt.trtllm.draft_runner\n"
+            "import dflash_trt.backends.trtllm.build, dflash_trt.backends.trtllm.runner, dflash_trt.backends.trtllm.llmapi, "
+            "dflash_trt.cli.machine, dflash_trt.backends.trtllm.target_model_cls, dflash_trt.backends.trtllm.draft_runner\n"
             "from click.testing import CliRunner\n"
             "for args in ([], ['build'], ['export'], ['export', 'trtllm-llmapi'], ['doctor'], ['regress']):\n"
             "    r = CliRunner().invoke(dflash_trt.cli.cli, args + ['--help'])\n"
@@ -89,7 +89,7 @@ def test_cli_help_lists_export_and_doctor():
                                                 ("1.2.1", "10.13.3.9", "needs TensorRT 10.14"),
                                                 ("1.2.1", "10.14.1.48", None)])
 def test_route_a_checks_the_installed_versions(monkeypatch, trtllm, trt, message):
-    from dflash_trt.trtllm import versions
+    from dflash_trt.backends.trtllm import versions
 
     monkeypatch.setattr(versions, "installed_version", {"tensorrt_llm": trtllm, "tensorrt": trt}.get)
     if message is None:

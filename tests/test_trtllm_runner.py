@@ -13,14 +13,14 @@ import pytest
 import torch
 from trtllm_emulator import TLE, ExecutorEmulator, ExecutorError
 
+from dflash_trt.backends.torch.runners import TorchDraftRunner, TorchTargetRunner
+from dflash_trt.backends.trtllm.io_spec import TargetOutputs
+from dflash_trt.backends.trtllm.runner import TrtllmTargetRunner, block_input, output_tensor, parse_accept, result_name
+from dflash_trt.backends.trtllm.target_build import engine_lengths
+from dflash_trt.backends.trtllm.target_model_cls import tail_rows_reference
 from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.decoding.sampling import SamplingParams
-from dflash_trt.runtime.runner import TorchDraftRunner, TorchTargetRunner
-from dflash_trt.trtllm.golden import decode
-from dflash_trt.trtllm.io_spec import TargetOutputs
-from dflash_trt.trtllm.runner import TrtllmTargetRunner, block_input, output_tensor, parse_accept, result_name
-from dflash_trt.trtllm.target_build import engine_lengths
-from dflash_trt.trtllm.target_model_cls import tail_rows_reference
+from dflash_trt.runtime.generate import decode
 
 SLOTS, MAX_SEQ = 3, 96
 
@@ -72,8 +72,8 @@ def test_runner_decodes_losslessly_against_the_engine_contract(loaded_tiny_pair,
     """Emulated target engine + the ONNX draft graphs on onnxruntime == the torch path == AR
     (full blocks, and narrower verify widths: the engine's tail is K+1 rows, the runner reads the last w)."""
     pytest.importorskip("onnxruntime")
-    from dflash_trt.trtllm.draft_runner import ort_draft_runner
-    from dflash_trt.trtllm.onnx_export import export_draft_graphs, spec_for
+    from dflash_trt.backends.trtllm.draft_runner import ort_draft_runner
+    from dflash_trt.backends.trtllm.onnx_export import export_draft_graphs, spec_for
 
     pair, capacity = loaded_tiny_pair, MAX_SEQ + loaded_tiny_pair.draft.config.block_size + 1
     d = pair.draft.config
@@ -82,14 +82,16 @@ def test_runner_decodes_losslessly_against_the_engine_contract(loaded_tiny_pair,
     requests = _requests(pair.target.config.vocab_size)
     runner, emulator = _runner(pair)
     draft = ort_draft_runner(tmp_path, SLOTS)
-    got = decode(runner, draft, requests, SLOTS, capacity, block_size_schedule=schedule)
-    from test_onnx_draft import GreedyDrafts  # the graphs draft greedily for sampled rows too
+    got = decode(runner, draft, requests, SLOTS, block_size_schedule=schedule)
+    from test_onnx_draft import (
+        GreedyDrafts,  # the graphs draft greedily for sampled rows too
+    )
 
     reference = decode(TorchTargetRunner(pair.target, SLOTS, capacity, d.target_layer_ids),
                        GreedyDrafts(TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, d.block_size)), requests,
-                       SLOTS, capacity, block_size_schedule=schedule)
+                       SLOTS, block_size_schedule=schedule)
     ar_runner, _ = _runner(pair)
-    ar = decode(ar_runner, None, requests, SLOTS, capacity)  # blocks of 1: the last tail row
+    ar = decode(ar_runner, None, requests, SLOTS)  # blocks of 1: the last tail row
     assert [r.tokens for r in got] == [r.tokens for r in reference] == [r.tokens for r in ar]
     assert [r.acceptance_lengths for r in got] == [r.acceptance_lengths for r in reference]
     assert len(emulator.inputs) > 3 * len(requests)  # one executor request per slot per step
@@ -141,8 +143,8 @@ def test_a_greedy_engine_has_no_block_logits_and_refuses_sampled_requests(loaded
 
 def test_each_sequence_gets_its_own_kv_salt_so_a_shared_prefix_never_hides_its_taps(loaded_tiny_pair):
     """Two prompts sharing a 3-block system prompt: without salts upstream reuses the first one's blocks and
-    leaves the second's prefix rows of context_dflash_taps unwritten (audit finding 7); with a salt per
-    sequence both get every row, and each sequence's verifies still reuse its own history."""
+    leaves the second's prefix rows of context_dflash_taps unwritten; with a salt per sequence both get
+    every row, and each sequence's verifies still reuse its own history."""
     pair = loaded_tiny_pair
     system = list(range(10, 22))  # 12 tokens = 3 blocks of 4
     prompts = [tuple(system + [5, 6, 7]), tuple(system + [8, 9])]
@@ -195,13 +197,13 @@ def test_trtllm_bundle_decodes_like_torch():
     pytest.importorskip("tensorrt_llm")
     if not torch.cuda.is_available() or not os.environ.get("DFLASH_TRT_TRTLLM_BUNDLE"):
         pytest.skip("needs a CUDA GPU, TensorRT-LLM and DFLASH_TRT_TRTLLM_BUNDLE=<bundle built with backend trtllm>")
+    from dflash_trt.backends.trtllm.runner import load_trtllm_runners
     from dflash_trt.engine.bundle import read_manifest
-    from dflash_trt.trtllm.runner import load_trtllm_runners
 
     bundle = os.environ["DFLASH_TRT_TRTLLM_BUNDLE"]
     manifest = read_manifest(bundle)
     target, draft = load_trtllm_runners(bundle, 4)
     golden = manifest["golden"]
     requests = [Request(tuple(o["prompt_ids"]), stop=StopCriteria(golden["max_new_tokens"])) for o in golden["outputs"]]
-    got = decode(target, draft, requests, 4, draft.spec.capacity, device=target.device)
+    got = decode(target, draft, requests, 4)
     assert [r.tokens for r in got] == [o["token_ids"] for o in golden["outputs"]]

@@ -1,10 +1,11 @@
-"""`verify_lazily` (lm_head in growing chunks, stopped once every row has a mismatch) returns the
-tokens that matter and the acceptance counts of `verify_block` over the full logits."""
+"""The CPU backend's `verify_lazily` (lm_head in growing chunks, stopped once every row has a mismatch) returns
+the tokens that matter and the acceptance counts of `verify_block` over the full logits."""
 
 import pytest
 import torch
 
-from dflash_trt.decoding.verify import verify_block, verify_lazily
+from dflash_trt.backends.cpu.target import verify_lazily
+from dflash_trt.decoding.verify import verify_block
 
 
 def _case(seed: int, batch: int, width: int, temperature: float):
@@ -43,7 +44,7 @@ def test_lazy_verify_equals_full_verify(temperature):
             full_logits = head(hidden).detach()
         expected_tokens, expected_accepted = verify_block(full_logits, drafts, start, *sampling)
         with torch.no_grad():
-            tokens, accepted = verify_lazily(hidden, head, drafts, start, *sampling)
+            tokens, accepted = verify_lazily(hidden, head, drafts, start, sampling, verify_block, twin=False)
         assert torch.equal(accepted, expected_accepted), (seed, accepted, expected_accepted)
         for row in range(batch):
             a = int(accepted[row])
@@ -62,6 +63,6 @@ def test_lazy_verify_stops_early_when_every_row_mismatches():
         return head(x)
 
     with torch.no_grad():
-        tokens, accepted = verify_lazily(hidden, counting_head, drafts, start, *sampling)
+        tokens, accepted = verify_lazily(hidden, counting_head, drafts, start, sampling, verify_block, twin=False)
     assert accepted.tolist() == [1, 1] and calls == [2 * 4]  # one chunk of 4 rows per batch row
     assert (tokens[:, 4:] == -1).all()

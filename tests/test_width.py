@@ -1,57 +1,22 @@
-"""Adaptive verify width: picks the best expected throughput and never changes the tokens."""
+"""Verify widths: the schedule, and measured widths that pick the best expected throughput; never the tokens."""
 
-from scripted import ScriptedDraft
-from test_lossless import _requests
+from dataclasses import replace
 
 from dflash_trt.decoding.autoregressive import autoregressive_generate
-from dflash_trt.decoding.decode import speculative_generate
 from dflash_trt.decoding.requests import Request, StopCriteria
-from dflash_trt.decoding.width import AdaptiveWidth, MeasuredWidth
 from dflash_trt.runtime.service import DFlashService, ServiceLimits
+from dflash_trt.runtime.width import MeasuredConstants, MeasuredWidth, scheduled_width
+
+MEASURE_ALL = MeasuredConstants(fixed_greedy=False)  # greedy rows measured too, as sampled ones are
 
 
-def test_width_follows_measured_acceptance_and_cost():
-    w = AdaptiveWidth(16, cost_tokens=28, explore_every=0)
-    assert w.width() == 16  # optimistic before any evidence
-    for _ in range(200):  # drafts 1..3 usually accepted, the rest never
-        w.update([3, 3, 2, 3], drafts=15)
-    assert 3 <= w.width() <= 5
-    rows = [15] + [3] * 9  # one row in ten accepts everything: late positions are rarely but sometimes right
-    cheap, dear = AdaptiveWidth(16, cost_tokens=1000, explore_every=0), AdaptiveWidth(16, cost_tokens=28, explore_every=0)
-    for _ in range(200):
-        cheap.update(rows, drafts=15)
-        dear.update(rows, drafts=15)
-    assert cheap.width() == 16  # extra verified tokens nearly free: take every expected token
-    assert dear.width() < 16
-    explorer = AdaptiveWidth(16, cost_tokens=28, decay=0.3, explore_every=4)
-    widths = []
-    for _ in range(8):
-        widths.append(explorer.width())
-        explorer.update([0], drafts=widths[-1] - 1)
-    assert widths[0] == widths[4] == 16 and widths[5:] == [2, 2, 2]  # exploration every 4th step
+def _measured(width: int, **constants) -> MeasuredWidth:
+    return MeasuredWidth(width, replace(MEASURE_ALL, **constants))
 
 
-def test_adaptive_width_is_lossless_in_the_reference_loop(loaded_tiny_pair):
-    requests = _requests(0.8, n=12, seed=41)
-    expected = autoregressive_generate(loaded_tiny_pair.target, requests)
-    scripts = [list(r.prompt) + e.tokens for r, e in zip(requests, expected)]
-    draft = ScriptedDraft(loaded_tiny_pair.draft, scripts, corrupt=0.3)
-    width = AdaptiveWidth(8, cost_tokens=6, explore_every=5)
-    got = speculative_generate(loaded_tiny_pair.target, draft, requests, 8, width=width)
-    assert [g.tokens for g in got] == [e.tokens for e in expected]
-    assert width.steps > 0 and width.accept[0] < 1.0
-
-
-def test_adaptive_width_is_lossless_in_the_scheduler(loaded_tiny_pair):
-    svc = DFlashService(loaded_tiny_pair, ServiceLimits(max_batch_size=4, max_seq_len=128, block_size=8,
-                                                        adaptive_width_cost=4.0))
-    try:
-        requests = _requests(0.0, n=6, seed=43)
-        got = svc.generate(requests)
-        assert [g.tokens for g in got] == [e.tokens for e in autoregressive_generate(loaded_tiny_pair.target, requests)]
-        assert svc.scheduler.adaptive.steps > 0
-    finally:
-        svc.shutdown()
+def test_the_schedule_takes_the_entry_at_or_below_the_batch_size():
+    assert [scheduled_width(16, {4: 8, 8: 4}, b) for b in (1, 3, 4, 7, 8, 30)] == [16, 16, 8, 8, 4, 4]
+    assert scheduled_width(8, {1: 16}, 1) == 8 and scheduled_width(8, None, 5) == 8  # capped at the block size
 
 
 # --- measured widths (MeasuredWidth): committed tokens and step seconds, arm by arm --------------------
@@ -88,10 +53,10 @@ def _tokens(band, w):  # acceptance decays along the block; hot sampling accepts
 
 
 def test_measured_width_keeps_the_best_arm_and_never_one_slower_than_ar():
-    from dflash_trt.decoding.width import MeasuredWidth, temperature_band
+    from dflash_trt.runtime.width import temperature_band
 
     assert [temperature_band(t) for t in (0.0, 0.3, 0.5, 0.7, 1.0, 1.5)] == [0, 1, 1, 2, 2, 3]
-    assert MeasuredWidth(16).arms == [1, 2, 4, 8, 16] and MeasuredWidth(6).arms == [1, 2, 4, 6]
+    assert _measured(16).arms == [1, 2, 4, 8, 16] and _measured(6).arms == [1, 2, 4, 6]
 
     def value(bands, w, seconds=_cpu_seconds):
         return sum(_tokens(b, w) for b in bands) / seconds(len(bands), w)
@@ -106,28 +71,28 @@ def test_measured_width_keeps_the_best_arm_and_never_one_slower_than_ar():
     gpu = lambda batch, w: 0.010 + 1e-6 * batch * w  # noqa: E731  rows nearly free: the full block
     for bands, seconds in (([0], _cpu_seconds), ([0] * 8, _cpu_seconds), ([3], _cpu_seconds),
                            ([3] * 4, _cpu_seconds), ([0, 3], _cpu_seconds), ([0], gpu)):
-        runs = [_simulate(MeasuredWidth(16), bands, _tokens, seconds, steps=600, seed=seed)[100:] for seed in range(3)]
+        runs = [_simulate(_measured(16), bands, _tokens, seconds, steps=600, seed=seed)[100:] for seed in range(3)]
         # drawn acceptance is noisy: the arm in use is the best or one within the margin, explorations cost a
         # little (always width 8 on the GPU would be 0.91, width 4 0.69, AR steps 0.25)
         assert sum(efficiency(bands, tail, seconds) for tail in runs) / len(runs) > 0.95, bands
         if best(bands, seconds) == 1:
             assert all(tail.count(1) > 0.9 * len(tail) for tail in runs)
     assert best([3]) == 1 and best([0] * 8) < best([0]) and best([0], gpu) == 16  # hot: AR; a busy CPU: narrower
-    timed = MeasuredWidth(8, explore_every=0)
+    timed = _measured(8, explore_every=0)
     for seconds in (0.03, 0.01):  # a first step 3x slow (a warm-up, a stall) and a normal one: the normal one
         timed.update([0], [7], 8, seconds)
     assert timed.seconds[1, 8, False] == 0.01
     sure = lambda band, w: min(w, 12)  # noqa: E731  the first 11 drafts always accepted: no noise in the tokens
-    stranded = _simulate(MeasuredWidth(16), [0], sure, gpu, steps=1500, first_slow=16)  # a slow first sample fades
+    stranded = _simulate(_measured(16), [0], sure, gpu, steps=1500, first_slow=16)  # a slow first sample fades
     # timed once, the slow arm is rechecked within a dozen steps (not ~600, when its value ratio says due)
     assert stranded[1] != 16 and stranded[30:100].count(16) > 60 and stranded[-200:].count(16) > 190
 
 
-def test_measured_width_is_lossless_in_the_scheduler_at_every_temperature(loaded_tiny_pair):
+def test_measured_width_is_lossless_in_the_scheduler_at_every_temperature(loaded_tiny_pair, make_requests):
     svc = DFlashService(loaded_tiny_pair, ServiceLimits(max_batch_size=3, max_seq_len=128, block_size=8,
                                                         width_policy="measured"))
     try:
-        requests = _requests(0.0, n=3, seed=45) + _requests(0.9, n=3, seed=46) + _requests(1.5, n=2, seed=47)
+        requests = make_requests(0.0, n=3, seed=45) + make_requests(0.9, n=3, seed=46) + make_requests(1.5, n=2, seed=47)
         got = svc.generate(requests)
         assert [g.tokens for g in got] == [e.tokens for e in autoregressive_generate(loaded_tiny_pair.target, requests)]
         measured = svc.scheduler.measured
@@ -136,44 +101,50 @@ def test_measured_width_is_lossless_in_the_scheduler_at_every_temperature(loaded
         svc.shutdown()
 
 
-def test_measured_width_is_lossless_in_the_reference_loop_with_ar_steps(loaded_tiny_pair):
-    """AR steps (width 1) keep the committed context pending and store it with the next draft pass."""
-    from dflash_trt.decoding.width import MeasuredWidth
+def _engine(pair, widths, max_batch_size: int, max_seq_len: int = 160, block_size: int = 8):
+    """A synchronous engine over `pair` whose width policy is `widths` (any object with width / update)."""
+    from dflash_trt.runtime.local import local_engine
 
-    requests = _requests(0.0, n=2, seed=51) + _requests(1.2, n=2, seed=52)
+    engine = local_engine(pair, max_seq_len, block_size, width_policy="schedule", max_batch_size=max_batch_size)
+    engine.scheduler.widths = widths
+    return engine
+
+
+def test_measured_widths_with_ar_steps_are_lossless(loaded_tiny_pair, make_requests):
+    """AR steps (width 1) keep the committed context pending in the draft runner, which stores it with the next
+    draft pass: greedy and hot rows together, measured widths exploring often."""
+    requests = make_requests(0.0, n=2, seed=51) + make_requests(1.2, n=2, seed=52)
     expected = [e.tokens for e in autoregressive_generate(loaded_tiny_pair.target, requests)]
-    width = MeasuredWidth(8, explore_every=3)
-    got = speculative_generate(loaded_tiny_pair.target, loaded_tiny_pair.draft, requests, 8, width=width)
+    width = _measured(8, explore_every=3)
+    got = _engine(loaded_tiny_pair, width, 4).generate(requests)
     assert [g.tokens for g in got] == expected
     assert any(w == 1 for (_, w, _) in width.seconds) and any(w > 1 for (_, w, _) in width.seconds)
 
 
-class _Scripted(MeasuredWidth):
+class _Scripted:
     """A width policy that runs `widths` in order, then the last one forever."""
 
     def __init__(self, widths):
-        super().__init__(8)
         self.script = list(widths)
 
     def width(self, bands):
         return self.script.pop(0) if len(self.script) > 1 else self.script[0]
 
+    def update(self, *args) -> None:
+        pass
 
-def test_ar_steps_leave_the_drafter_the_context_it_would_have_had():
+
+def test_ar_steps_leave_the_drafter_the_context_it_would_have_had(shipped_pair):
     """AR steps keep their taps pending and the next draft pass stores them all: the drafts after 4 AR steps
     are exactly those of a run whose prompt already held those 4 tokens (a lost or misplaced context would
     still be lossless, only worse drafts; this checks the drafts themselves), two rows in a batch."""
-    from dflash_trt.decoding.requests import Request, StopCriteria
-    from dflash_trt.engine.config import ASSETS
-    from dflash_trt.runtime.local import load_pair
-
-    pair = load_pair(ASSETS / "tiny-qwen3", ASSETS / "tiny-qwen3-dflash", dtype="fp32", device="cpu")
+    pair = shipped_pair
     prompts = [tuple(pair.tokenizer.encode(t)) for t in ("def fibonacci(n):\n", "import os\nimport sys\n")]
-    after_ar = speculative_generate(pair.target, pair.draft, [Request(p, stop=StopCriteria(40)) for p in prompts], 8,
-                                    width=_Scripted([1, 1, 1, 1, 8]))
+    after_ar = _engine(pair, _Scripted([1, 1, 1, 1, 8]), 2).generate([Request(p, stop=StopCriteria(40))
+                                                                      for p in prompts])
     assert [r.accepted_drafts[:4] for r in after_ar] == [[0] * 4] * 2
     shifted = [Request(p + tuple(r.tokens[:4]), stop=StopCriteria(36)) for p, r in zip(prompts, after_ar)]
-    direct = speculative_generate(pair.target, pair.draft, shifted, 8)
+    direct = _engine(pair, _Scripted([8]), 2).generate(shifted)
     for a, d in zip(after_ar, direct):
         assert a.tokens[4:] == d.tokens
         assert a.accepted_drafts[4:] == d.accepted_drafts and sum(d.accepted_drafts) > 10
@@ -184,30 +155,31 @@ def test_measured_width_explores_by_closeness_and_shrugs_off_stalls():
     often; a shared machine's stalls (a step 10x slower now and then) do not move the choice."""
     import random
 
-    hot = _simulate(MeasuredWidth(16), [3], _tokens, _cpu_seconds, steps=3000)[100:]  # AR steps win by ~1.5x
+    hot = _simulate(_measured(16), [3], _tokens, _cpu_seconds, steps=3000)[100:]  # AR steps win by ~1.5x
     assert hot.count(1) / len(hot) > 0.95
     assert 0 < sum(w > 1 for w in hot)  # still rechecked: acceptance and load drift
     rng = random.Random(3)
     stalled = lambda batch, w: _cpu_seconds(batch, w) * (10 if rng.random() < 0.05 else 1)  # noqa: E731
-    tail = _simulate(MeasuredWidth(16), [3], _tokens, stalled, steps=3000)[100:]
+    tail = _simulate(_measured(16), [3], _tokens, stalled, steps=3000)[100:]
     assert tail.count(1) / len(tail) > 0.95
     close = lambda band, w: 1 + 0.45 * (w > 1)  # noqa: E731  width 2 within a few % of AR
-    near = _simulate(MeasuredWidth(16), [3], close, _cpu_seconds, steps=1200)[100:]
+    near = _simulate(_measured(16), [3], close, _cpu_seconds, steps=1200)[100:]
     assert near.count(2) >= 25 or near.count(2) > near.count(1)  # a near tie is rechecked often
 
 
-def test_auto_policy_keeps_the_schedule_for_greedy_batches_and_measures_sampled_ones(loaded_tiny_pair):
-    """width_policy "auto" (the default): every all-greedy step takes block_size_schedule's width; once a row
-    samples, the measured choice (every arm timed for it, widest first); lossless."""
+def test_measured_policy_keeps_the_schedule_for_greedy_batches_and_measures_sampled_ones(loaded_tiny_pair,
+                                                                                       make_requests):
+    """width_policy "measured" (the CPU default) with a block_size_schedule: every all-greedy step takes the
+    schedule's width; once a row samples, the measured choice (every arm timed for it, widest first); lossless."""
     for temperature, seed in ((0.0, 61), (1.2, 62)):
         svc = DFlashService(loaded_tiny_pair, ServiceLimits(max_batch_size=3, max_seq_len=160, block_size=8,
-                                                            block_size_schedule={3: 4}))
+                                                            block_size_schedule={3: 4}, width_policy="measured"))
         seen = []
         verify = svc.scheduler.target.verify
         svc.scheduler.target.verify = lambda slots, blocks, *a: (seen.append((len(slots), blocks.shape[1])),
                                                                 verify(slots, blocks, *a))[1]
         try:
-            requests = [Request(r.prompt, r.params, StopCriteria(60)) for r in _requests(temperature, n=3, seed=seed)]
+            requests = [Request(r.prompt, r.params, StopCriteria(60)) for r in make_requests(temperature, n=3, seed=seed)]
             got = svc.generate(requests)
         finally:
             svc.shutdown()
@@ -222,19 +194,20 @@ def test_auto_policy_keeps_the_schedule_for_greedy_batches_and_measures_sampled_
             assert {w for (rows, w, sampled) in svc.scheduler.measured.seconds if rows == 3 and sampled} == {1, 2, 4, 8}
 
 
-def test_auto_policy_without_a_schedule_measures_greedy_batches_of_several_requests(loaded_tiny_pair):
-    """width_policy "auto" with no block_size_schedule: a greedy request alone verifies full blocks; a greedy
-    batch of several takes the measured choice (greedy costs timed for it); lossless."""
+def test_measured_policy_without_a_schedule_measures_greedy_batches_of_several_requests(loaded_tiny_pair,
+                                                                                        make_requests):
+    """width_policy "auto" on CPU (measured) with no block_size_schedule: a greedy request alone verifies full
+    blocks; a greedy batch of several takes the measured choice (greedy costs timed for it); lossless."""
     svc = DFlashService(loaded_tiny_pair, ServiceLimits(max_batch_size=3, max_seq_len=160, block_size=8))
     seen = []
     verify = svc.scheduler.target.verify
     svc.scheduler.target.verify = lambda slots, blocks, *a: (seen.append((len(slots), blocks.shape[1])),
                                                             verify(slots, blocks, *a))[1]
     try:
-        alone = [Request(r.prompt, r.params, StopCriteria(60)) for r in _requests(0.0, n=1, seed=63)]
+        alone = [Request(r.prompt, r.params, StopCriteria(60)) for r in make_requests(0.0, n=1, seed=63)]
         got_alone = svc.generate(alone)
         single = list(seen)
-        requests = [Request(r.prompt, r.params, StopCriteria(60)) for r in _requests(0.0, n=3, seed=64)]
+        requests = [Request(r.prompt, r.params, StopCriteria(60)) for r in make_requests(0.0, n=3, seed=64)]
         got = svc.generate(requests)
     finally:
         svc.shutdown()
@@ -250,7 +223,7 @@ def test_auto_policy_without_a_schedule_measures_greedy_batches_of_several_reque
 def test_a_backlog_step_is_not_timed_and_its_width_runs_again():
     """A draft step after AR steps also stores their context (a once-per-switch cost): update(seconds=None)
     leaves the arm's timing alone and the next step runs the same width, which is timed."""
-    mw = MeasuredWidth(8, explore_every=0)
+    mw = _measured(8, explore_every=0)
     for w in (8, 4, 2, 1):
         mw.update([2], [0], w, 0.004 if w == 1 else 0.006)
     assert mw.width([2]) == 1
@@ -264,7 +237,7 @@ def test_a_well_timed_arm_explored_after_ar_steps_runs_once():
     """Once an arm has a full window of timings, an exploration after AR steps (a backlog step, not timed) is
     one draft step: its acceptance is what it measures anew; a second, timed step would double its cost
     (at T 1.5 on the shipped pair: 177 draft steps in 2,000 before, 79 after)."""
-    mw = MeasuredWidth(8, explore_every=0)
+    mw = _measured(8, explore_every=0)
     for _ in range(mw.window):
         for w in (8, 4, 2, 1):
             mw.update([2], [0], w, 0.004 if w == 1 else 0.006)
@@ -274,22 +247,18 @@ def test_a_well_timed_arm_explored_after_ar_steps_runs_once():
     assert mw.own[2, 4][0] > mw.own[2, 4][1]  # the exploration's acceptance counted (mean tokens > 1)
 
 
-def test_a_draft_step_with_rejections_then_ar_steps_leaves_the_right_context():
+def test_a_draft_step_with_rejections_then_ar_steps_leaves_the_right_context(shipped_pair):
     """Widths 8, 1, 1, then 8: the first step's rejected drafts sit between its committed rows and the AR steps'
     in the pending context; the next draft pass must store only committed rows — its drafts equal those of a
     prompt that already held the committed tokens."""
-    from dflash_trt.engine.config import ASSETS
-    from dflash_trt.runtime.local import load_pair
-
-    pair = load_pair(ASSETS / "tiny-qwen3", ASSETS / "tiny-qwen3-dflash", dtype="fp32", device="cpu")
+    pair = shipped_pair
     prompts = [tuple(pair.tokenizer.encode(t)) for t in ("def fibonacci(n):\n", "class Stack:\n")]
     for prompt in prompts:
-        (a,) = speculative_generate(pair.target, pair.draft, [Request(prompt, stop=StopCriteria(48))], 8,
-                                    width=_Scripted([8, 1, 1, 8]))
+        (a,) = _engine(pair, _Scripted([8, 1, 1, 8]), 1).generate([Request(prompt, stop=StopCriteria(48))])
         assert a.accepted_drafts[0] < 7  # some drafts of the first block were rejected
         k = 1 + a.accepted_drafts[0] + 1 + 2  # tokens committed before the fourth step (prefill's bonus first)
-        (b,) = speculative_generate(pair.target, pair.draft, [Request(prompt + tuple(a.tokens[: k - 1]),
-                                                                      stop=StopCriteria(48 - k + 1))], 8)
+        (b,) = _engine(pair, _Scripted([8]), 1).generate([Request(prompt + tuple(a.tokens[: k - 1]),
+                                                                 stop=StopCriteria(48 - k + 1))])
         assert a.tokens[k - 1:] == b.tokens
         assert a.accepted_drafts[3:] == b.accepted_drafts
 
@@ -297,7 +266,7 @@ def test_a_draft_step_with_rejections_then_ar_steps_leaves_the_right_context():
 def test_sampled_steps_are_timed_apart_from_greedy_ones():
     """A sampled step's draft and verify passes cost more than a greedy step's: greedy timings of a width
     (e.g. from an earlier all-greedy phase under the auto policy) never stand in for sampled ones."""
-    mw = MeasuredWidth(4, explore_every=0)
+    mw = _measured(4, explore_every=0)
     for w in (4, 2, 1):
         mw.update([0, 0], [w - 1] * 2, w, 0.001)  # two greedy rows: cheap and accepted
         mw.update([2], [0], w, 0.004)  # one sampled row: every band's acceptance is known at every width
@@ -312,7 +281,7 @@ def test_a_new_batch_size_times_its_ar_step_and_estimates_the_rest():
     """A server's batch size wanders; timing every arm at every size first would run each hopeless wide arm
     once per size. A new size times its AR step, estimates the other arms from the nearest size timed both
     ways (their cost relative to an AR step), and explores them only when due."""
-    mw = MeasuredWidth(16)
+    mw = _measured(16)
     # an AR step's rows share one weight stream; a draft step adds a draft pass and w - 1 verify rows per row
     seconds = lambda rows, w: 0.003 * (1 + rows / 8) + (0.001 + 0.0002 * w) * rows * (w > 1)  # noqa: E731
     for _ in range(3):
@@ -332,21 +301,16 @@ def test_a_new_batch_size_times_its_ar_step_and_estimates_the_rest():
     assert abs(mw.estimated_seconds((8, 16, True)) - seconds(8, 16)) < 1e-9 and ratio < 0.8 * seconds(8, 16)
 
 
-def test_the_scheduler_after_ar_steps_drafts_from_the_right_context():
-    """The served path's deferred context (TorchDraftRunner.pending) after a draft step with rejections and AR
-    steps: widths 8, 1, 1, then 8 give the drafts of a prompt that already held the committed tokens."""
-    from dflash_trt.engine.config import ASSETS
-    from dflash_trt.runtime.local import load_pair
-
-    pair = load_pair(ASSETS / "tiny-qwen3", ASSETS / "tiny-qwen3-dflash", dtype="fp32", device="cpu")
+def test_the_served_path_after_ar_steps_drafts_from_the_right_context(shipped_pair):
+    """The same through the threaded service a server runs (DFlashService): widths 8, 1, 1, then 8 give the
+    drafts of a prompt that already held the committed tokens."""
+    pair = shipped_pair
     prompt = tuple(pair.tokenizer.encode("def fibonacci(n):\n"))
 
-    def served(request, widths=None):
+    def served(request, widths):
         svc = DFlashService(pair, ServiceLimits(max_batch_size=1, max_seq_len=256, block_size=8,
                                                 width_policy="schedule"))
-        if widths is not None:
-            script = list(widths)
-            svc.scheduler.verify_width = lambda batch, bands=None: script.pop(0) if len(script) > 1 else script[0]
+        svc.scheduler.widths = _Scripted(widths)
         try:
             return svc.generate([request])[0]
         finally:
@@ -355,7 +319,7 @@ def test_the_scheduler_after_ar_steps_drafts_from_the_right_context():
     a = served(Request(prompt, stop=StopCriteria(48)), [8, 1, 1, 8])
     assert a.accepted_drafts[0] < 7 and a.accepted_drafts[1:3] == [0, 0]
     k = 1 + a.accepted_drafts[0] + 1 + 2
-    b = served(Request(prompt + tuple(a.tokens[: k - 1]), stop=StopCriteria(48 - k + 1)))
+    b = served(Request(prompt + tuple(a.tokens[: k - 1]), stop=StopCriteria(48 - k + 1)), [8])
     assert a.tokens[k - 1:] == b.tokens and a.accepted_drafts[3:] == b.accepted_drafts
 
 
@@ -367,7 +331,7 @@ def test_explorations_spend_at_most_their_share_of_the_time():
     import random
 
     def run(share):
-        mw, rng = MeasuredWidth(8, explore_share=share), random.Random(5)
+        mw, rng = _measured(8, explore_share=share), random.Random(5)
         lost = total = 0.0
         for _ in range(3000):
             w = mw.width([3])
@@ -389,7 +353,7 @@ def test_an_arm_timed_once_is_rechecked_soon():
     """The first step at a batch size runs cold (served, a 4-row AR step took 12.4 ms, then 7-9): an arm timed
     once or twice is rechecked within `explore_every` steps, not when a value ratio says it is due, so a
     cold first AR step does not leave draft steps that lose running for dozens of steps."""
-    mw = MeasuredWidth(8)
+    mw = _measured(8)
     cost = {1: 0.008, 2: 0.013, 4: 0.018, 8: 0.024}  # AR best: 4 rows x 1 token / 8 ms vs ~1.3 tokens / 13 ms
     chosen = []
     for step in range(60):
@@ -407,7 +371,7 @@ def test_a_burst_of_slow_ar_steps_does_not_hand_the_batch_to_a_losing_width():
     a burst and width 2 (5 ms for ~1.7 tokens a row, 0.78x of AR) held the batch for the rest of the run; AR
     steps keep a longer memory (`ar_window`), so the burst passes and AR steps stay the choice."""
     def run(**kw):
-        mw, chosen = MeasuredWidth(8, **kw), []
+        mw, chosen = _measured(8, **kw), []
         for step in range(400):
             w = mw.width([0] * 4)
             chosen.append(w)

@@ -1,8 +1,9 @@
-"""Local benchmark (torch runtime, batch 1): DFlash vs autoregressive decoding, side by side.
+"""Local benchmark (batch 1): DFlash vs autoregressive decoding through the engine, side by side.
 
-For every prompt and block size the same request is decoded both ways in one run, alternating,
-on the same runtime and machine; the report gives mean acceptance length τ, per-position
-acceptance, tokens/s of each, their ratio, and whether the tokens are identical.
+For every prompt and block size the same request is decoded both ways in one run, alternating, by two
+engines over the same loaded pair (runtime/generate.py: the scheduler and runners a server runs, one
+with the drafter and one without); the report gives mean acceptance length τ, per-position acceptance,
+tokens/s of each, their ratio with a 95% interval, and whether the tokens are identical.
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.decoding.autoregressive import autoregressive_generate
-from dflash_trt.decoding.decode import speculative_generate
 from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.decoding.sampling import SamplingParams
-from dflash_trt.decoding.width import AdaptiveWidth, MeasuredWidth
+from dflash_trt.runtime.local import local_engine
 
 
 @dataclass
@@ -123,40 +122,31 @@ def prompt_requests(prompts: list[list[int]], params: SamplingParams, max_new_to
 
 @torch.inference_mode()
 def bench_block_size(pair, prompts: list[list[int]], block_size: int, max_new_tokens: int,
-                     params: SamplingParams, stop_ids: frozenset[int], progress=None,
-                     adaptive_cost: float | None = None, min_confidence: float = 0.0,
-                     width_policy: str = "fixed") -> BlockResult:
-    """Decode every prompt both ways; with `adaptive_cost` DFlash picks verify widths from acceptance,
-    with `width_policy` "measured" from acceptance and measured pass costs (MeasuredWidth, down to AR
-    steps), with `min_confidence` it verifies only the drafts the drafter trusts (`confident_drafts`)."""
-    width = AdaptiveWidth(block_size, adaptive_cost) if adaptive_cost is not None else None
-    if width_policy in ("measured", "auto"):  # auto: greedy rows keep the full block (`fixed`)
-        width = MeasuredWidth(block_size, greedy=(lambda batch: block_size) if width_policy == "auto" else None)
+                     params: SamplingParams, stop_ids: frozenset[int], progress=None, min_confidence: float = 0.0,
+                     width_policy: str = "auto") -> BlockResult:
+    """Decode every prompt both ways; DFlash with the width policy `width_policy` (runtime/width.py) and
+    the confidence cut `min_confidence` (decoding/drafts.py)."""
     # steady state, as a server runs: one untimed prompt first at this temperature (a seed no timed prompt
-    # has) warms the sampling paths and gives the width policy its first measurements, which a fresh policy
-    # otherwise pays for inside the first prompts (exploring every arm, widest first)
+    # has) warms both engines and gives the width policy its first measurements
     *requests, warm = prompt_requests(prompts + prompts[:1], params, max_new_tokens, stop_ids)
-    speculative_generate(pair.target, pair.draft, [warm], block_size, width=width, min_confidence=min_confidence)
-    autoregressive_generate(pair.target, [warm])
+    longest = max(len(r.prompt) + r.stop.max_new_tokens for r in requests + [warm])
+    dflash = local_engine(pair, longest, block_size, min_confidence=min_confidence, width_policy=width_policy,
+                          max_batch_size=1)
+    ar = local_engine(pair, longest, autoregressive=True, max_batch_size=1)
+    dflash.generate([warm])
+    ar.generate([warm])
     spec_s = ar_s = 0.0
     tokens, identical, lengths, accepted, pairs = 0, True, [], [], []
     for i, request in enumerate(requests):
-        def spec_run(request=request):
-            return speculative_generate(pair.target, pair.draft, [request], block_size, width=width,
-                                        min_confidence=min_confidence)
-
-        def ar_run(request=request):
-            return autoregressive_generate(pair.target, [request])
-
         if i % 2:  # every other prompt AR first: a machine's drift within a prompt's pair favours neither
-            (ar,), t_ar = _timed(ar_run)
-            (spec,), t_spec = _timed(spec_run)
+            (ar_result,), t_ar = _timed(lambda: ar.generate([request]))
+            (spec,), t_spec = _timed(lambda: dflash.generate([request]))
         else:
-            (spec,), t_spec = _timed(spec_run)
-            (ar,), t_ar = _timed(ar_run)
+            (spec,), t_spec = _timed(lambda: dflash.generate([request]))
+            (ar_result,), t_ar = _timed(lambda: ar.generate([request]))
         spec_s, ar_s = spec_s + t_spec, ar_s + t_ar
         pairs.append((t_spec, t_ar))
-        identical &= spec.tokens == ar.tokens
+        identical &= spec.tokens == ar_result.tokens
         tokens += len(spec.tokens)
         lengths += spec.acceptance_lengths
         accepted += spec.accepted_drafts
@@ -171,9 +161,3 @@ def bench_block_size(pair, prompts: list[list[int]], block_size: int, max_new_to
         acceptance_histogram={n: lengths.count(n) for n in range(1, block_size + 1)},
         identical=identical, acceptance_lengths=lengths, temperature=params.temperature, prompt_seconds=pairs,
     )
-
-
-def warm_up(pair, prompt: list[int], block_size: int) -> None:
-    request = Request(tuple(prompt), stop=StopCriteria(8))
-    speculative_generate(pair.target, pair.draft, [request], block_size)
-    autoregressive_generate(pair.target, [request])

@@ -1,4 +1,4 @@
-"""Our runtime against z-lab's reference `dflash_generate` (PyPI dflash==0.1.0), side by side.
+"""Our engine against z-lab's reference `dflash_generate` (PyPI dflash==0.1.0), side by side.
 
 Both decode the same prompts greedily at batch 1 in fp32 on this machine, alternating prompt by
 prompt (so machine noise hits both alike); the comparison checks the tokens are identical and
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.decoding.decode import speculative_generate
 from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.errors import MissingDependencyError
+from dflash_trt.runtime.local import local_engine
 
 
 @dataclass
@@ -61,17 +61,18 @@ def load_reference(target_dir: Path, draft_dir: Path):
 
 
 @torch.inference_mode()
-def compare_with_reference(pair, prompts: list[list[int]], block_size: int, max_new_tokens: int,
-                           width=None, progress=None, min_confidence: float = 0.0) -> ReferenceComparison:
+def compare_with_reference(pair, prompts: list[list[int]], block_size: int, max_new_tokens: int, progress=None,
+                           min_confidence: float = 0.0, width_policy: str = "auto") -> ReferenceComparison:
     """Alternate ours and `dflash_generate` per prompt (the first prompt once more, untimed, to warm up)."""
     zlab, ref_target, ref_draft = load_reference(pair.target_dir, pair.draft_dir)
+    engine = local_engine(pair, max(map(len, prompts)) + max_new_tokens, block_size, min_confidence=min_confidence,
+                          width_policy=width_policy, max_batch_size=1)
     ours_s = ref_s = 0.0
     identical = tokens = 0
     for i, prompt in enumerate([prompts[0]] + prompts):
         request = Request(tuple(prompt), stop=StopCriteria(max_new_tokens))
         t0 = time.perf_counter()
-        ours = speculative_generate(pair.target, pair.draft, [request], block_size, width=width,
-                                    min_confidence=min_confidence)[0].tokens
+        ours = engine.generate([request])[0].tokens
         t1 = time.perf_counter()
         ref = zlab.dflash_generate(ref_draft, ref_target, torch.tensor([prompt]), max_new_tokens, None, 0.0,
                                    block_size=block_size)[0, len(prompt):].tolist()

@@ -14,7 +14,7 @@ from dflash_trt.bench.local import bench_block_size, load_prompts
 from dflash_trt.bench.served import scaling, sweep
 from dflash_trt.decoding.sampling import SamplingParams
 from dflash_trt.engine.config import resolve_model_path
-from dflash_trt.runtime.local import apply_draft_vocab, load_pair
+from dflash_trt.model.loader import apply_draft_vocab, load_pair
 from dflash_trt.tokenizer import stop_token_ids
 
 SCHEMA_VERSION = 1
@@ -34,7 +34,7 @@ def _write(out_dir: str, payload: dict) -> Path:
 
 
 def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tokens, sampling, device, out_dir,
-              adaptive_cost=None, reference=False, min_confidence=0.0, draft_vocab=None, width_policy="fixed"):
+              reference=False, min_confidence=0.0, draft_vocab=None, width_policy="auto"):
     from rich.progress import Progress
 
     pair = load_pair(resolve_model_path(target, Path.cwd()), resolve_model_path(draft, Path.cwd()), "fp32", device)
@@ -49,19 +49,18 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
                 task = progress.add_task(f"T {temperature:g}, block size {block_size}", total=len(prompts))
                 params = SamplingParams(temperature, seed=sampling["seed"])
                 results.append(bench_block_size(pair, prompts, block_size, max_new_tokens, params, stop_ids,
-                                                lambda: progress.advance(task), adaptive_cost, min_confidence,
-                                                width_policy))
+                                                lambda: progress.advance(task), min_confidence, width_policy))
     vocab = pair.draft.vocab_size
     report.print_local(results, f"drafter proposes from {vocab or pair.target.config.vocab_size} tokens"
                                 f"{' (draft vocabulary)' if vocab else ''}; draft confidence cut "
                                 f"{min_confidence or 'off (full blocks)'}; verify widths {width_policy}")
     extra = {}
     if reference:
-        comparisons = _compare_reference(pair, prompts, block_sizes, max_new_tokens, adaptive_cost, min_confidence)
+        comparisons = _compare_reference(pair, prompts, block_sizes, max_new_tokens, min_confidence, width_policy)
         report.print_reference(comparisons)
         extra["reference"] = [c.to_dict() for c in comparisons]
     out = _write(out_dir, _header("local", target=str(target), draft=str(draft), max_new_tokens=max_new_tokens,
-                                  sampling=sampling, adaptive_width_cost=adaptive_cost, draft_confidence=min_confidence,
+                                  sampling=sampling, draft_confidence=min_confidence,
                                   width_policy=width_policy,
                                   draft_vocab_size=pair.draft.vocab_size,
                                   results=[r.to_dict() for r in results], **extra))
@@ -74,19 +73,17 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
     return results
 
 
-def _compare_reference(pair, prompts, block_sizes, max_new_tokens, adaptive_cost, min_confidence=0.0):
+def _compare_reference(pair, prompts, block_sizes, max_new_tokens, min_confidence=0.0, width_policy="auto"):
     from rich.progress import Progress
 
     from dflash_trt.bench.reference import compare_with_reference
-    from dflash_trt.decoding.width import AdaptiveWidth
 
     comparisons = []
     with Progress(transient=True) as progress:
         for block_size in block_sizes:
             task = progress.add_task(f"vs dflash_generate, block size {block_size}", total=len(prompts))
-            width = AdaptiveWidth(block_size, adaptive_cost) if adaptive_cost is not None else None
-            comparisons.append(compare_with_reference(pair, prompts, block_size, max_new_tokens, width,
-                                                      lambda: progress.advance(task), min_confidence))
+            comparisons.append(compare_with_reference(pair, prompts, block_size, max_new_tokens,
+                                                      lambda: progress.advance(task), min_confidence, width_policy))
     return comparisons
 
 

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import click
 
-from dflash_trt.cli.types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, FLOAT_LIST, INT_LIST
+from dflash_trt.cli.types import (
+    BUILTIN_DRAFT,
+    BUILTIN_TARGET,
+    DRAFT_VOCAB,
+    DRAFT_VOCAB_HELP,
+    FLOAT_LIST,
+    INT_LIST,
+    MODEL_DIR,
+)
 
 
 @click.command("bench", short_help="Benchmark DFlash against autoregressive decoding (local or served).")
 @click.option("--url", help="Benchmark a served repository (gRPC host:port) instead of the local runtime.")
-@click.option("--target", default="builtin:tiny-qwen3", show_default=True, help="Local mode: HF target.")
-@click.option("--draft", default="builtin:tiny-qwen3-dflash", show_default=True, help="Local mode: drafter.")
+@click.option("--target", type=MODEL_DIR, default=BUILTIN_TARGET, show_default=True, help="Local mode: HF target.")
+@click.option("--draft", type=MODEL_DIR, default=BUILTIN_DRAFT, show_default=True, help="Local mode: drafter.")
 @click.option("--prompts", "prompts_path", type=click.Path(exists=True, dir_okay=False),
               help="JSONL with token_ids or text per line (default: the shipped held-out prompts).")
 @click.option("--num-prompts", type=click.IntRange(min=1),
@@ -24,16 +32,14 @@ from dflash_trt.cli.types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, FLOAT_LIST, INT_
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="Local mode.")
 @click.option("--threads", type=click.IntRange(min=1), help="Local mode: CPU intra-op threads (DFLASH_TRT_CPU_THREADS).")
-@click.option("--adaptive-cost", type=click.FloatRange(min=0), help="Local mode: pick verify widths from measured "
-              "acceptance, a step costing this many verified tokens (~28 on a 2-core CPU; see decoding/width.py).")
 @click.option("--draft-confidence", type=click.FloatRange(min=0, max=1, max_open=True),
               help="Local mode: verify only the drafts whose running draft probability is >= this "
                    "(runtime.draft_confidence; 0 = full blocks). Default: 0.1 on CPU (extra verified rows "
                    "cost there), 0 on GPUs.")
-@click.option("--width-policy", type=click.Choice(["fixed", "measured", "auto"]), default="auto", show_default=True,
-              help="Local mode: 'measured' picks each step's verify width from measured acceptance (per temperature "
-                   "band) and pass costs, down to plain AR steps (runtime.width_policy: measured); 'auto' does so for "
-                   "sampled requests and keeps greedy ones at the full block ('fixed').")
+@click.option("--width-policy", type=click.Choice(["schedule", "measured", "auto"]), default="auto", show_default=True,
+              help="Local mode, as runtime.width_policy: 'schedule' verifies full blocks; 'measured' picks each step's "
+                   "width from measured acceptance and step costs, down to plain AR steps (a lone greedy request "
+                   "keeps full blocks); 'auto' is measured on CPU, schedule on GPUs.")
 @click.option("--draft-vocab", type=DRAFT_VOCAB, default="auto", show_default=True, help="Local mode. " + DRAFT_VOCAB_HELP)
 @click.option("--reference", is_flag=True, help="Local mode: also race z-lab's dflash_generate (dflash==0.1.0) on "
               "the same prompts, alternating, and check its tokens are identical (greedy only).")
@@ -47,7 +53,7 @@ from dflash_trt.cli.types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, FLOAT_LIST, INT_
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
               help="Folder for results.json and the PNG plots.")
 def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, concurrency, max_new_tokens,
-                  temperatures, seed, device, threads, adaptive_cost, width_policy, draft_vocab, draft_confidence, reference,
+                  temperatures, seed, device, threads, width_policy, draft_vocab, draft_confidence, reference,
                   chain_calls, rounds, out_dir):
     """Same prompts, both ways, in one run: τ, per-position acceptance, tokens/s, TTFT/TPOT, speed-up.
 
@@ -84,4 +90,4 @@ def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, co
         runner.run_served(url, prompts_path, num_prompts, concurrency, max_new_tokens, sampling, out_dir, rounds)
     else:
         runner.run_local(target, draft, prompts_path, num_prompts or 16, block_sizes, max_new_tokens, sampling, device,
-                         out_dir, adaptive_cost, reference, draft_confidence, draft_vocab, width_policy)
+                         out_dir, reference, draft_confidence, draft_vocab, width_policy)

@@ -14,7 +14,7 @@ import click
 def build_command(config, publish):
     """convert -> build -> bundle (manifest, hashes, golden outputs) -> publish; atomic and reused when unchanged."""
     from dflash_trt.engine.config import load_build_config
-    from dflash_trt.runtime.backends import build
+    from dflash_trt.runtime.build import build
     from dflash_trt.triton.repository import publish as publish_repo
 
     cfg = load_build_config(config)
@@ -45,7 +45,7 @@ def publish_command(bundle, repository, device, max_batch_size):
 def regress_command(configs, baselines, update):
     """Rebuild every preset this machine can build (default: build_configs/*.yaml); fail on any regression."""
     from dflash_trt.engine.regress import print_table, regress_one
-    from dflash_trt.runtime.backends import build
+    from dflash_trt.runtime.build import build
 
     paths = [Path(c) for c in configs] or sorted(Path("build_configs").glob("*.yaml"))
     if not paths:

@@ -1,4 +1,5 @@
-"""`dflash-trt check-pair`: check a target + drafter pair before deploying it (engine/pair_check.py)."""
+"""`dflash-trt check-pair`: check a target + drafter pair before deploying it (engine/pair_check.py,
+bench/check_pair.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import json
 
 import click
 
+from dflash_trt.cli.types import BUILTIN_DRAFT, BUILTIN_TARGET, MODEL_DIR
+
 COLORS = {"ok": "green", "warn": "yellow", "fail": "red"}
 
 
 @click.command("check-pair", short_help="Check a target + DFlash drafter pair before deploying it.")
-@click.option("--target", required=True, type=click.Path(exists=True, file_okay=False), help="HF target folder.")
-@click.option("--draft", required=True, type=click.Path(exists=True, file_okay=False), help="DFlash drafter folder.")
+@click.option("--target", type=MODEL_DIR, default=BUILTIN_TARGET, show_default=True, help="HF target folder.")
+@click.option("--draft", type=MODEL_DIR, default=BUILTIN_DRAFT, show_default=True, help="DFlash drafter folder.")
 @click.option("--prompts", "prompts_path", type=click.Path(exists=True, dir_okay=False),
               help="JSONL with text (or token_ids) per line for the measured checks (default: the shipped held-out set).")
 @click.option("--num-prompts", type=click.IntRange(min=1), default=8, show_default=True)
@@ -25,7 +28,8 @@ def check_pair_command(target, draft, prompts_path, num_prompts, max_new_tokens,
     """Shapes, vocabulary, mask token, taps and their index convention, stop tokens, the chat template /
     thinking mode, τ raw and chat-templated; the launch settings for TensorRT-LLM, vLLM and SGLang.
     Exits 1 on a hard mismatch."""
-    from dflash_trt.engine.pair_check import FAIL, measured_checks, static_checks, verdict
+    from dflash_trt.bench.check_pair import measured_checks
+    from dflash_trt.engine.pair_check import FAIL, static_checks, verdict
 
     checks, tau = static_checks(target, draft), {}
     if not static_only and verdict(checks) != FAIL:

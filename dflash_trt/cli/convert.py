@@ -6,11 +6,12 @@ import click
 
 from dflash_trt.checkpoint.quant.modes import HANDLERS, KV_CACHE_MODES
 from dflash_trt.checkpoint.trtllm_config import DTYPE_NAMES
+from dflash_trt.cli.types import MODEL_DIR
 
 
 @click.command("convert", short_help="Convert an HF target + DFlash drafter to a TensorRT-LLM checkpoint pair.")
-@click.option("--target", type=click.Path(file_okay=False), required=True, help="HF target folder.")
-@click.option("--draft", type=click.Path(file_okay=False), required=True, help="z-lab DFlash drafter folder.")
+@click.option("--target", type=MODEL_DIR, required=True, help="HF target folder.")
+@click.option("--draft", type=MODEL_DIR, required=True, help="z-lab DFlash drafter folder.")
 @click.option("--out", type=click.Path(), required=True, help="Output folder (gets target/ and draft/).")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_NAMES)), default="bf16", show_default=True,
               help="Storage dtype of tensors that are not quantized.")

@@ -15,7 +15,7 @@ COLORS = {"ok": "green", "missing": "red", "warn": "yellow"}
               help="A backend-trtllm build config: also print the GPU memory its engines' DFlash outputs reserve.")
 def doctor_command(as_json, config_path):
     """Report each component as ok / missing / warn, with its version and what to install."""
-    from dflash_trt.trtllm.doctor import diagnose, reserved_for_config
+    from dflash_trt.cli.machine import diagnose, reserved_for_config
 
     rows = diagnose()
     reserved = reserved_for_config(config_path) if config_path else None

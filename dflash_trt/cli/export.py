@@ -1,4 +1,4 @@
-"""`dflash-trt export`: hand a DFlash pair to another runtime (thin commands; logic in dflash_trt.trtllm)."""
+"""`dflash-trt export`: hand a DFlash pair to another runtime (thin commands; logic in dflash_trt.backends.trtllm)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def export_group():
 def llmapi_command(config_path, target, draft, out, block_size, max_seq_len, max_batch_size, tp, pp, ep, trtllm_version,
                    kv_cache, gpu_arch, llmapi_dir):
     """Write OUT/tensorrt_llm: config.pbtxt + 1/model.yaml with speculative_config {decoding_type: DFlash}."""
-    from dflash_trt.trtllm import llmapi, llmapi_fields
+    from dflash_trt.backends.trtllm import llmapi, llmapi_fields
 
     arch = llmapi.detect_gpu_arch() if gpu_arch == "auto" else gpu_arch
     version = trtllm_version or llmapi_fields.default_version(llmapi.installed_llmapi_version())

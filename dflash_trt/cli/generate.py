@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from dataclasses import replace
 
 import click
 
-from dflash_trt.cli.types import DRAFT_VOCAB, DRAFT_VOCAB_HELP, INT_LIST
+from dflash_trt.cli.types import BUILTIN_DRAFT, BUILTIN_TARGET, DRAFT_VOCAB, DRAFT_VOCAB_HELP, INT_LIST, MODEL_DIR
 
 
 def _sampling_options(f):
@@ -25,19 +25,10 @@ def _sampling_options(f):
     return f
 
 
-BUILTIN_TARGET = "builtin:tiny-qwen3"
-BUILTIN_DRAFT = "builtin:tiny-qwen3-dflash"
-
-
-def _model_dir(value: str) -> str:
-    from dflash_trt.engine.config import resolve_model_path
-
-    return str(resolve_model_path(value, Path.cwd()))
-
-
 @click.command("generate", short_help="Generate text with DFlash: locally (torch) or from a server (--url).")
-@click.option("--target", "target_dir", default=BUILTIN_TARGET, show_default=True, help="HF target folder.")
-@click.option("--draft", "draft_dir", default=BUILTIN_DRAFT, show_default=True, help="z-lab DFlash drafter folder.")
+@click.option("--target", "target_dir", type=MODEL_DIR, default=BUILTIN_TARGET, show_default=True, help="HF target folder.")
+@click.option("--draft", "draft_dir", type=MODEL_DIR, default=BUILTIN_DRAFT, show_default=True,
+              help="z-lab DFlash drafter folder.")
 @click.option("--url", help="Query a served model instead (gRPC host:port, or HTTP host:port with --protocol http).")
 @click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True)
 @click.option("--prompt", help="Prompt text (tokenized with the target's tokenizer).")
@@ -66,14 +57,11 @@ def generate_command(target_dir, draft_dir, url, protocol, prompt, prompt_ids, c
     if url:
         report.remote_generate(url, protocol, prompt, prompt_ids, chat, sampling, max_new_tokens, stop_strings, as_json)
         return
-    from dflash_trt.runtime.local import (
-        apply_draft_vocab,
-        default_draft_confidence,
-        generate,
-        load_pair,
-    )
+    from dflash_trt.decoding.requests import StopCriteria
+    from dflash_trt.model.loader import apply_draft_vocab, load_pair
+    from dflash_trt.runtime.local import default_draft_confidence, local_engine
 
-    pair = apply_draft_vocab(load_pair(_model_dir(target_dir), _model_dir(draft_dir), dtype, device), draft_vocab)
+    pair = apply_draft_vocab(load_pair(target_dir, draft_dir, dtype, device), draft_vocab)
     request = report.build_request(pair, prompt, prompt_ids, chat, temperature, top_k, top_p, seed,
                                    max_new_tokens, stop_strings)
     positions = pair.target.config.dims.max_position_embeddings
@@ -84,12 +72,15 @@ def generate_command(target_dir, draft_dir, url, protocol, prompt, prompt_ids, c
     stream = None if as_json or pair.tokenizer is None else report.TextStreamer(pair)
     if draft_confidence is None:
         draft_confidence = default_draft_confidence(pair.target.lm_head.weight.device)
-    if compare_ar:  # the first pass of each path builds its C++ plans and caches: not part of a speed-up
-        from dflash_trt.bench.local import warm_up
-
-        warm_up(pair, list(request.prompt), block_size or pair.draft.config.block_size)
-    results, stats = generate(pair, [request], block_size, on_commit=stream, min_confidence=draft_confidence)
-    baseline = generate(pair, [request], autoregressive=True) if compare_ar else None
+    length = len(request.prompt) + max_new_tokens
+    engine = local_engine(pair, length, block_size, min_confidence=draft_confidence, max_batch_size=1)
+    ar = local_engine(pair, length, autoregressive=True, max_batch_size=1) if compare_ar else None
+    if compare_ar:  # a first pass builds caches and C++ plans: warm both, so the speed-up compares steady decoding
+        warm = [replace(request, stop=StopCriteria(min(8, max_new_tokens)))]
+        engine.generate(warm)
+        ar.generate(warm)
+    results, stats = engine.generate_with_stats([request], on_commit=stream)
+    baseline = ar.generate_with_stats([request]) if compare_ar else None
     if as_json:
         click.echo(json.dumps(report.generation_json(request, results[0], stats, baseline)))
     else:

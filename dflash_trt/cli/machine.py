@@ -1,5 +1,5 @@
-"""What this machine has for the GPU routes and the CPU runtime (`dflash-trt doctor`): found / missing,
-and what to install.
+"""What this machine has for the GPU routes and the CPU backend (`dflash-trt doctor`): found / missing,
+and what to install. It probes every layer (backends, kernels, the Triton server), so it lives with the CLI.
 
 Each probe returns rows {component, status, version, detail, fix}; status is `ok`, `missing` or
 `warn` (present but not what a route needs). Nothing heavy is imported: package versions come
@@ -14,14 +14,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from dflash_trt.backends.trtllm import versions
+from dflash_trt.backends.trtllm.versions import INSTALL, TENSORRT_SERIES, TRTLLM_ENGINE_VERSION, TRTLLM_LLMAPI_MIN
 from dflash_trt.errors import MissingDependencyError
-from dflash_trt.trtllm import versions
-from dflash_trt.trtllm.versions import (
-    INSTALL,
-    TENSORRT_SERIES,
-    TRTLLM_ENGINE_VERSION,
-    TRTLLM_LLMAPI_MIN,
-)
 
 NVIDIA_DRIVER = "install the NVIDIA driver (CUDA 13 needs >= 580) on a machine with an NVIDIA GPU"
 CUDA_TOOLKIT = "install the CUDA 13 toolkit (nvcc) or use an NGC container; needed to build plugins/dflash_verify"
@@ -131,8 +126,8 @@ def probe_package(module: str, component: str, purpose: str) -> list[dict]:
 
 def probe_plugin() -> list[dict]:
     """The plugin library, the GPUs its kernels cover, and whether this machine's GPU is one of them."""
+    from dflash_trt.backends.trtllm.plugin import BUILD_HINT, find_library
     from dflash_trt.kernels import archs
-    from dflash_trt.trtllm.plugin import BUILD_HINT, find_library
 
     path = find_library(required=False)
     if path is None:
@@ -146,11 +141,11 @@ def probe_plugin() -> list[dict]:
 
 
 def probe_cpu_layers() -> list[dict]:
-    """The C++ decoder layer of the CPU torch runtime (model/cpu_layers.py): built here, or why not."""
+    """The C++ decoder layer of the CPU backend (backends/cpu/layers.py): built here, or why not."""
     import os
     import warnings
 
-    from dflash_trt.model import cpu_ops
+    from dflash_trt.backends.cpu import ops as cpu_ops
 
     if os.environ.get(cpu_ops.ENV, "1") == "0":
         return [row("C++ CPU layer", "warn", detail=f"turned off ({cpu_ops.ENV}=0): CPU passes run eager torch",
@@ -176,13 +171,13 @@ def diagnose() -> list[dict]:
 
 def reserved_for_config(path: str) -> dict:
     """The bytes a trtllm build config's target executor reserves for the DFlash outputs at start
-    (trtllm/build.py `reserved_bytes`), or why it cannot be told (the pair is not downloaded, ...)."""
+    (backends/trtllm/build.py `reserved_bytes`), or why it cannot be told (the pair is not downloaded, ...)."""
     import tempfile
 
+    from dflash_trt.backends.trtllm.build import plan_trtllm_build, reserved_bytes
+    from dflash_trt.backends.trtllm.io_spec import describe_reserved
     from dflash_trt.engine.config import load_build_config
     from dflash_trt.errors import DFlashTrtError
-    from dflash_trt.trtllm.build import plan_trtllm_build, reserved_bytes
-    from dflash_trt.trtllm.io_spec import describe_reserved
 
     try:
         cfg = load_build_config(path)

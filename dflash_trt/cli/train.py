@@ -6,11 +6,11 @@ import json
 
 import click
 
-from dflash_trt.cli.types import FLOAT_LIST, INT_LIST
+from dflash_trt.cli.types import FLOAT_LIST, INT_LIST, MODEL_DIR
 
 
 @click.command("train-draft", short_help="Train a DFlash drafter for a HF target (CPU or CUDA).")
-@click.option("--target", type=click.Path(exists=True, file_okay=False), required=True, help="HF target folder.")
+@click.option("--target", type=MODEL_DIR, required=True, help="HF target folder.")
 @click.option("--data", type=click.Path(exists=True, dir_okay=False), multiple=True, required=True,
               help="JSONL (token_ids | text | prompt+completion) or text files; repeatable.")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Output drafter folder (z-lab format).")
@@ -52,7 +52,7 @@ from dflash_trt.cli.types import FLOAT_LIST, INT_LIST
                    "size (samples x seq-len x taps x hidden x 4 bytes); larger datasets run the target every step.")
 @click.option("--eval-samples", type=click.IntRange(min=0), default=0, show_default=True,
               help="Hold out this many samples for the reported τ (0: measure it on 16 training samples).")
-@click.option("--init", type=click.Path(exists=True, file_okay=False),
+@click.option("--init", type=MODEL_DIR,
               help="Start from this drafter's weights (same taps and block size; a shallower one grows "
                    "deeper): train longer, fine-tune or deepen.")
 def train_draft_command(**options):
@@ -69,9 +69,9 @@ def train_draft_command(**options):
 
 
 @click.command("draft-vocab", short_help="Write a drafter's draft vocabulary (the tokens its head scores).")
-@click.option("--target", type=click.Path(exists=True, file_okay=False), required=True,
+@click.option("--target", type=MODEL_DIR, required=True,
               help="HF target folder (tokenizer for text data, vocabulary size, regeneration).")
-@click.option("--draft", type=click.Path(exists=True, file_okay=False), required=True,
+@click.option("--draft", type=MODEL_DIR, required=True,
               help="Drafter folder: dflash_trt_draft_vocab.json is written (replaced) there.")
 @click.option("--data", type=click.Path(exists=True, dir_okay=False), multiple=True, required=True,
               help="JSONL (token_ids | text | prompt+completion) or text files; repeatable.")
@@ -92,7 +92,7 @@ def draft_vocab_command(target, draft, data, regenerate, regen_prompt_tokens, re
     """
     from dflash_trt.checkpoint.hf import check_pair, read_draft, read_target
     from dflash_trt.model import draft_vocab
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
     from dflash_trt.train.data import vocab_from_data
 
     check_pair(read_target(target), read_draft(draft))  # a drafter of this target, before any work

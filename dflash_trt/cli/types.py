@@ -65,3 +65,26 @@ class DraftVocabType(click.ParamType):
 DRAFT_VOCAB = DraftVocabType()
 DRAFT_VOCAB_HELP = ("Tokens the drafter scores when proposing: 'auto' = its dflash_trt_draft_vocab.json's "
                     "recommended size (full vocabulary without one), 'full', or N most frequent (lossless).")
+
+
+class ModelDirType(click.ParamType):
+    """A model folder: a path, or `builtin:NAME` for a model shipped in the package (the tiny pair). Converts to
+    the folder's path (a str); an unknown shipped name is a usage error naming the shipped ones (a path is
+    checked by the reader, which says what it expected there)."""
+
+    name = "DIR|builtin:NAME"
+
+    def convert(self, value, param, ctx):
+        from pathlib import Path
+
+        from dflash_trt.engine.config import ASSETS, resolve_model_path
+
+        path = resolve_model_path(str(value), Path.cwd())
+        if str(value).startswith("builtin:") and not path.is_dir():
+            shipped = sorted(f"builtin:{p.name}" for p in ASSETS.iterdir() if (p / "config.json").is_file())
+            self.fail(f"{value!r} is not a shipped model; shipped: {', '.join(shipped)}", param, ctx)
+        return str(path)
+
+
+MODEL_DIR = ModelDirType()
+BUILTIN_TARGET, BUILTIN_DRAFT = "builtin:tiny-qwen3", "builtin:tiny-qwen3-dflash"

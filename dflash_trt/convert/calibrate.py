@@ -27,7 +27,7 @@ from torch import nn
 
 from dflash_trt.checkpoint.quant.numerics import tensor_amax
 from dflash_trt.checkpoint.trtllm_writer import ModelAmax
-from dflash_trt.decoding.decode import speculative_generate
+from dflash_trt.decoding.reference import speculative_generate
 from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.errors import ConfigError, MissingDependencyError
 from dflash_trt.model.draft import DFlashDraft

@@ -22,4 +22,10 @@ and the Triton configs:
 Lossless contract (sampling.py): the token at absolute position p of a request with seed s is a
 pure function of (logits_p, s, p). Speculative decoding commits only target-chosen tokens, so it
 emits exactly what autoregressive decoding emits, greedy or sampled, whatever else is batched.
+
+The modules: sampling.py (the rule), verify.py (the target's tokens for a block and the acceptance
+count), drafts.py (proposals: greedy, coupled, the confidence cut), reference.py (the paper's loop,
+pure torch: the oracle the engine is tested against), autoregressive.py (the AR baseline), and the
+request plumbing (requests.py, stops.py, bad_words.py, batch.py, stats.py). Nothing here depends on a
+backend or a device; the engine that serves requests is runtime/.
 """

@@ -1,6 +1,8 @@
 """Autoregressive baseline: one target forward per token, same sampling rule, same stops.
 
-This is the ground truth that speculative decoding must reproduce token for token.
+This is the ground truth that speculative decoding must reproduce token for token: the reference
+loop (reference.py) in pure torch; the engine's own autoregressive mode (a scheduler without a
+drafter, runtime/) on each backend.
 """
 
 from __future__ import annotations
@@ -10,15 +12,12 @@ import torch
 from dflash_trt.decoding.bad_words import mask_banned
 from dflash_trt.decoding.batch import BatchParams, cache_capacity, prefill
 from dflash_trt.decoding.requests import Detokenize, GenerationResult, OnCommit, Request, Row
-from dflash_trt.kernels import sample_tokens  # the rule: torch, or its C++ twin for sampled CPU rows
-from dflash_trt.model import cpu_layers
-from dflash_trt.model.target import Target
+from dflash_trt.decoding.sampling import sample_tokens
 
 
 @torch.inference_mode()
-@cpu_layers.fixed_weights
 def autoregressive_generate(
-    target: Target,
+    target,  # model.Target
     requests: list[Request],
     detokenize: Detokenize | None = None,
     on_commit: OnCommit | None = None,

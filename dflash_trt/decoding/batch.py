@@ -1,4 +1,4 @@
-"""Batch plumbing shared by the decode loops: padding ragged prompts, prefill, sampling params."""
+"""Batch plumbing shared by the reference loops and the runners: ragged prompts, prefill, sampling params."""
 
 from __future__ import annotations
 
@@ -8,10 +8,7 @@ import torch
 
 from dflash_trt.decoding.bad_words import mask_banned
 from dflash_trt.decoding.requests import Request
-from dflash_trt.decoding.sampling import params_tensors
-from dflash_trt.kernels import sample_tokens  # the rule: torch, or its C++ twin for sampled CPU rows
-from dflash_trt.model.kv_cache import KVCache
-from dflash_trt.model.target import Target
+from dflash_trt.decoding.sampling import params_tensors, sample_tokens
 
 
 @dataclass
@@ -44,8 +41,8 @@ def pad_prompts(prompts: list[tuple[int, ...]], device) -> tuple[torch.Tensor, t
 
 @torch.inference_mode()
 def prefill(
-    target: Target,
-    cache: KVCache,
+    target,  # model.Target
+    cache,  # its KVCache
     slots: torch.Tensor,  # [B]
     requests: list[Request],
     params: BatchParams,

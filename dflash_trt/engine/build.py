@@ -1,9 +1,10 @@
 """`dflash-trt build`: check inputs -> reuse or fill a bundle through its backend -> manifest.
 
-`build_bundle(cfg, backend, log)` is the same for every backend (the contract: engine/backend.py):
-the pair is checked before any work, an unchanged bundle is reused, the backend fills a temporary
-folder, a golden decode that differs from autoregressive decoding fails the build, and the folder
-(manifest, hashes, golden outputs) moves into place only when complete.
+`build_bundle(cfg, backend, log, golden)` is the same for every backend (the contract:
+engine/backend.py): the pair is checked before any work, an unchanged bundle is reused, the backend
+fills a temporary folder, `golden` decodes the golden prompts through it, a golden decode that differs
+from autoregressive decoding fails the build, and the folder (manifest, hashes, golden outputs) moves
+into place only when complete.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from pathlib import Path
 from dflash_trt.atomic import check_replaceable, write_atomically
 from dflash_trt.checkpoint.hf import check_pair, read_draft, read_target
 from dflash_trt.engine import bundle as bundles
-from dflash_trt.engine.backend import BundleBackend, Log
+from dflash_trt.engine.backend import BundleBackend, Golden, Log
 from dflash_trt.engine.config import BuildConfig
 from dflash_trt.errors import ConfigError
 from dflash_trt.model import draft_vocab
 
 
-def build_bundle(cfg: BuildConfig, backend: BundleBackend, log: Log = print) -> tuple[Path, dict, bool]:
+def build_bundle(cfg: BuildConfig, backend: BundleBackend, golden: Golden, log: Log = print) -> tuple[Path, dict, bool]:
     """Build (or reuse) the bundle for `cfg` with `backend`; returns (path, manifest, reused)."""
     if backend.name != cfg.backend:
         raise ConfigError(f"{cfg.source}: field 'backend': {cfg.backend!r}, but the {backend.name!r} backend was given")
@@ -43,10 +44,11 @@ def build_bundle(cfg: BuildConfig, backend: BundleBackend, log: Log = print) -> 
 
     def fill(tmp: Path) -> None:
         filled = backend.fill(cfg, tmp, log)
-        if not filled.golden["matches_autoregressive"]:
+        outputs = golden(tmp, filled.pair_info)
+        if not outputs["matches_autoregressive"]:
             raise ConfigError(f"{cfg.source}: {backend.name} output differs from autoregressive output "
                               "(a bug: report it)")
-        bundles.write_manifest(tmp, cfg, fingerprint, filled.pair_info, filled.golden, time.perf_counter() - t0,
+        bundles.write_manifest(tmp, cfg, fingerprint, filled.pair_info, outputs, time.perf_counter() - t0,
                                filled.versions)
 
     out = write_atomically(cfg.output_path(), fill, owned=bundles.is_bundle,

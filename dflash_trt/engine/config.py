@@ -15,13 +15,13 @@ from pathlib import Path
 
 import yaml
 
-from dflash_trt.decoding.width import WIDTH_POLICIES
 from dflash_trt.errors import ConfigError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BACKENDS = ("torch", "trtllm")
 DTYPES = ("fp32", "bf16", "fp16", "auto")
 QUANTS = ("none", "fp8", "nvfp4")
+WIDTH_POLICIES = ("schedule", "measured", "auto")  # runtime/width.py
 
 
 def resolve_model_path(value: str, base: Path) -> Path:
@@ -41,10 +41,7 @@ class RuntimeConfig:
     # (busy steps are compute-bound; lossless at any width); block 1 = plain autoregressive steps,
     # no draft pass. Empty: always the bundle's block size.
     block_size_schedule: dict = field(default_factory=dict)
-    # Adaptive verify width (decoding/width.py): a step's fixed cost in units of one verified token.
-    # ~28 on a 2-core CPU, hundreds on GPUs (= always the full block). null: fixed widths.
-    adaptive_width_cost: float | None = None
-    # Confidence cut (model/draft_heads.py `confident_drafts`): verify only the drafts whose running product
+    # Confidence cut (decoding/drafts.py `confident_drafts`): verify only the drafts whose running product
     # of draft probabilities is >= this. Saves verify rows where they cost (CPUs); 0: full blocks.
     draft_confidence: float = 0.0
     # Draft vocabulary (model/draft_vocab.py): the drafter scores only the N most frequent tokens of
@@ -54,10 +51,10 @@ class RuntimeConfig:
     # the target engine then emits no block logits, whose buffers TensorRT-LLM reserves at start
     # (max_num_tokens x (K+1) x V floats: ~40 GB for Qwen3-8B at block 16; docs/trtllm-backend.md).
     sampled_requests: bool = True
-    # Verify widths: "schedule" (block_size_schedule, adaptive_width_cost as above) or "measured": each step
-    # picks the width from this machine's measured acceptance per temperature band and pass costs by rows,
-    # down to plain AR steps where drafting measures slower (decoding/width.py MeasuredWidth).
-    # "auto" (default): the schedule while every row of a step is greedy, the measured choice once one samples.
+    # Verify widths (runtime/width.py): "schedule" (the block size, or block_size_schedule's) or "measured":
+    # each step's width from this machine's measured acceptance per temperature band and step seconds, down
+    # to plain AR steps where drafting measures slower (a lone greedy request keeps the schedule's width).
+    # "auto" (default): measured on CPU, where verify rows cost; the schedule on GPUs, where they are ~free.
     width_policy: str = "auto"
 
 
@@ -130,9 +127,6 @@ def _check(cfg: BuildConfig, where: str) -> None:
     for batch, block in cfg.runtime.block_size_schedule.items():
         if not (isinstance(batch, int) and isinstance(block, int) and batch >= 1 and block >= 1):
             bad("runtime.block_size_schedule", f"expected {{batch size >= 1: block size >= 1}}, got {batch!r}: {block!r}")
-    cost = cfg.runtime.adaptive_width_cost
-    if cost is not None and not (isinstance(cost, (int, float)) and cost >= 0):
-        bad("runtime.adaptive_width_cost", f"expected a number >= 0 (or null), got {cost!r}")
     conf = cfg.runtime.draft_confidence
     if not (isinstance(conf, (int, float)) and not isinstance(conf, bool) and 0 <= conf < 1):
         bad("runtime.draft_confidence", f"expected a probability in [0, 1) (0 = full blocks), got {conf!r}")

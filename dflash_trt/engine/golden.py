@@ -2,7 +2,8 @@
 
 Regression builds compare a fresh bundle's golden tokens and mean acceptance length against a
 committed baseline. Prompt entries: `builtin:heldout[:N]` (the shipped pair's held-out prompts),
-`{"token_ids": [...]}`, `{"text": "..."}` or a plain string.
+`{"token_ids": [...]}`, `{"text": "..."}` or a plain string. The decoding itself is the runtime's
+(runtime/golden.py: the bundle's own runners, as a server runs them).
 """
 
 from __future__ import annotations
@@ -11,9 +12,6 @@ import json
 import re
 from pathlib import Path
 
-from dflash_trt.decoding.autoregressive import autoregressive_generate
-from dflash_trt.decoding.decode import speculative_generate
-from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.errors import ConfigError
 
 HELDOUT = Path(__file__).resolve().parent.parent / "assets" / "heldout_prompts.jsonl"
@@ -45,14 +43,6 @@ def prompt_ids(entries: list, tokenizer, where: str) -> list[list[int]]:
         else:
             raise ConfigError(f"{where}: field 'golden.prompts': unsupported entry {entry!r}")
     return out
-
-
-def compute_golden(pair, prompts: list[list[int]], max_new_tokens: int, block_size: int) -> dict:
-    """Greedy speculative outputs for the golden prompts, checked against autoregressive decoding."""
-    requests = [Request(tuple(p), stop=StopCriteria(max_new_tokens)) for p in prompts]
-    spec = speculative_generate(pair.target, pair.draft, requests, block_size)
-    ar = autoregressive_generate(pair.target, requests)
-    return golden_block(prompts, spec, ar, max_new_tokens, block_size)
 
 
 def golden_block(prompts: list[list[int]], spec, ar, max_new_tokens: int, block_size: int) -> dict:

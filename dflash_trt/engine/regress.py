@@ -74,7 +74,7 @@ def can_build(cfg: BuildConfig) -> str | None:
 
 
 def regress_one(config_path: Path, baselines: Path, update: bool, build, log=print) -> Outcome:
-    """Rebuild one preset with `build(cfg, log) -> (path, manifest, reused)` (runtime.backends.build) and
+    """Rebuild one preset with `build(cfg, log) -> (path, manifest, reused)` (runtime.build.build) and
     compare it with its baseline."""
     cfg = load_build_config(config_path)
     reason = can_build(cfg)

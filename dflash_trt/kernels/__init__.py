@@ -1,18 +1,21 @@
-"""CUDA kernels of dflash-trt and the switch that picks them or their torch reference.
+"""CUDA kernels of dflash-trt and the one switch that picks them, their C++ twin or the torch reference.
 
-`verify_block` is the drop-in for `dflash_trt.decoding.verify.verify_block`: on CUDA tensors it runs
-the DFlash verification plugin's kernel (plugins/dflash_verify) when its torch op is built and
-loaded, and the torch reference otherwise. `kernel_available()` says which; tests force a body
-with ``DFLASH_TRT_VERIFY_IMPL`` or `dflash_trt.kernels.verify.use_impl`. Importing this package
-never touches CUDA or compiles anything.
+`select(device)` chooses the verification and sampling bodies once, when a backend builds its runners
+(`Kernels`): the DFlash verification plugin's kernel (plugins/dflash_verify) on CUDA when its torch op
+is built and loaded, the kernels' C++ twin for sampled rows on CPU, the torch reference otherwise.
+`verify_block` / `sample_tokens` make the same choice per call (the TensorRT-LLM runner's path).
+Tests force a body with ``DFLASH_TRT_VERIFY_IMPL`` or `dflash_trt.kernels.verify.use_impl`.
+Importing this package never touches CUDA or compiles anything.
 """
 
 from dflash_trt.kernels.verify import (
+    Kernels,
     kernel_available,
     kernel_status,
     next_block_ids,
     resolve_impl,
     sample_tokens,
+    select,
     selected_impl,
     twin_available,
     use_impl,
@@ -21,11 +24,13 @@ from dflash_trt.kernels.verify import (
 )
 
 __all__ = [
+    "Kernels",
     "kernel_available",
     "kernel_status",
     "next_block_ids",
     "resolve_impl",
     "sample_tokens",
+    "select",
     "selected_impl",
     "twin_available",
     "use_impl",

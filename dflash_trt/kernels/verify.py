@@ -27,6 +27,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -195,6 +197,71 @@ def sample_tokens(logits, positions, temperature, top_k, top_p, seed, vocab_ids=
     sampled = bool((temperature > 0).any())
     if not sampled or resolve_impl(logits, True) != "twin":
         return sampling.sample_tokens(logits, positions, temperature, top_k, top_p, seed, vocab_ids)
+    from dflash_trt.kernels import twin
+
+    if vocab_ids is None:
+        return twin.sample_tokens(logits, positions, temperature, top_k, top_p, seed)
+    # a subset: its columns in ascending token id (each gets its id's noise, ties go to the lowest id), as
+    # sampling.by_id orders them; tokens back to the caller's columns
+    return sampling.by_id(lambda lg, ids: twin.sample_tokens(lg, positions, temperature, top_k, top_p, seed, ids),
+                          logits, vocab_ids)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The verification and sampling bodies a backend's runners call, chosen once when they are built."""
+
+    name: str  # "kernel" (the CUDA op), "twin" (its C++ twin on CPU) or "reference" (torch)
+    verify_block: Callable  # `decoding.verify.verify_block`'s signature and results
+    sample_tokens: Callable  # `decoding.sampling.sample_tokens`'s signature and results
+
+
+def select(device) -> Kernels:
+    """The bodies for runners on `device` (the one place that reads $DFLASH_TRT_VERIFY_IMPL / `impl_override`):
+    on CUDA the kernel when its op loads, else torch; on CPU the twin for sampled rows when it builds (greedy
+    rows are a plain argmax, fastest in torch), else torch. A forced body that cannot run here is an error."""
+    from dflash_trt.decoding import sampling
+
+    cuda = torch.device(device).type == "cuda"
+    name = selected_impl()
+    if name == "auto":
+        name = ("kernel" if kernel_available() else "reference") if cuda else \
+            ("twin" if twin_available() else "reference")
+        greedy_in_torch = not cuda
+    else:
+        if name == "kernel" and not (cuda and kernel_available()):
+            where = "CPU tensors" if not cuda else kernel_status()
+            raise MissingDependencyError(f"{ENV_IMPL}=kernel but the CUDA verify kernel cannot run: {where}")
+        if name == "twin" and cuda:
+            raise ConfigError(f"{ENV_IMPL}=twin runs on CPU tensors; the runners are on {device}")
+        greedy_in_torch = False
+    if name == "reference":
+        return Kernels(name, reference.verify_block, sampling.sample_tokens)
+    if name == "kernel":  # the op verifies blocks; single rows (prefill, AR steps) take the torch rule
+        return Kernels(name, _kernel_verify, sampling.sample_tokens)
+    from dflash_trt.kernels import twin
+
+    def verify(logits, drafts, start, temperature, top_k, top_p, seed):
+        if greedy_in_torch and not bool((temperature > 0).any()):
+            return reference.verify_block(logits, drafts, start, temperature, top_k, top_p, seed)
+        return twin.verify_block_next(logits, drafts, start, temperature, top_k, top_p, seed, 0)[:2]
+
+    def sample(logits, positions, temperature, top_k, top_p, seed, vocab_ids=None):
+        if greedy_in_torch and not bool((temperature > 0).any()):
+            return sampling.sample_tokens(logits, positions, temperature, top_k, top_p, seed, vocab_ids)
+        return _twin_sample(logits, positions, temperature, top_k, top_p, seed, vocab_ids)
+
+    return Kernels(name, verify, sample)
+
+
+def _kernel_verify(logits, drafts, start, temperature, top_k, top_p, seed):
+    args = (logits, drafts, start, temperature, top_k, top_p, seed)
+    tokens, accepted, _ = load_op()(*(a.contiguous() for a in args), 0)
+    return tokens, accepted
+
+
+def _twin_sample(logits, positions, temperature, top_k, top_p, seed, vocab_ids=None):
+    from dflash_trt.decoding import sampling
     from dflash_trt.kernels import twin
 
     if vocab_ids is None:

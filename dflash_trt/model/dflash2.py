@@ -20,7 +20,7 @@ anchor (the bonus token): at slot p, candidate k of token c scores
 
 (P, S: the predecessor / successor codebooks [V, R]) and the best candidate becomes the draft and the
 next slot's predecessor. At T > 0 our drafter takes the coupled choice instead, argmax_k score / T +
-g(seed, position, c) with the noise the target's sampling rule uses at that position (model/draft_heads.py),
+g(seed, position, c) with the noise the target's sampling rule uses at that position (decoding/drafts.py),
 where z-lab samples from softmax(score / T); verification is unchanged either way, so decoding stays
 token-identical to AR.
 """
@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-
-from dflash_trt.model.layers import call_linear
 
 
 class GroupedDynamicConv(nn.Module):
@@ -46,7 +44,7 @@ class GroupedDynamicConv(nn.Module):
     def prepare(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(conv_0(u), the side-1 coefficients [B, Q, K, G]) for block rows u [B, Q, H]."""
         b, q, h = u.shape
-        d = call_linear(self.kernel_projection, u.reshape(b * q, h)).view(b, q, 2, self.kernel_size, self.groups)
+        d = self.kernel_projection(u.reshape(b * q, h)).view(b, q, 2, self.kernel_size, self.groups)
         return self._convolve(u, d[:, :, 0], 0), d[:, :, 1]
 
     def finish(self, z: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
@@ -83,7 +81,7 @@ class CandidateSelector(nn.Module):
         b, k, _ = hidden.shape
         unary, columns = torch.topk(logits.float(), min(self.top_k, logits.shape[-1]), dim=-1)
         candidates = columns if vocab_ids is None else vocab_ids[columns]  # [B, K, top_k] token ids
-        projected = call_linear(self.hidden_projection, hidden.reshape(b * k, -1)).view(b, k, -1).float()
+        projected = self.hidden_projection(hidden.reshape(b * k, -1)).view(b, k, -1).float()
         successor = self.successor_codebook[candidates].float()  # [B, K, top_k, R]
         sampled = sampling is not None and bool((sampling[0] > 0).any())
         if sampled:

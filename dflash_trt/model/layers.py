@@ -13,7 +13,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from dflash_trt.checkpoint.configs import RopeConfig, TransformerDims
-from dflash_trt.model import cpu_ops
 
 
 class RMSNorm(nn.Module):
@@ -24,59 +23,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            if x.device.type == "cpu" and x.numel() and (out := cpu_ops.rms_norm(x, self.weight, self.eps)) is not None:
-                return out  # the C++ layer's norm: one call instead of torch's ~6 ops
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one op; same bits as below in fp32
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one op; the same bits as below in fp32
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
-
-
-SMALL_ROWS = (2, 4)  # rows for which `linear` streams the weight (measured on the 2-core CPU, see below)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, except for 1..4 rows of fp32 on CPU without autograd, which stream the weight once.
-
-    With a few rows, MKL's x @ Wᵀ packs the whole weight first (an extra pass over it). Decode steps
-    read cold weights, so that pass is most of the time. These rows go through the C++ layer's
-    projection (model/cpu_ops.py: a 4096 x 192 lm_head at 1 / 4 rows 418 / 593 µs -> 231 / 381 µs),
-    or, without its library, 2..4 rows through (W @ xᵀ)ᵀ (the verify block's first lm_head chunk
-    ~650 -> ~490 µs, a DFlash step ~6% less). From 5 rows the usual path is as fast or faster.
-    """
-    rows = x.numel() // x.shape[-1] if x.dim() else 0
-    if (bias is None and 1 <= rows <= SMALL_ROWS[1] and x.device.type == "cpu"
-            and x.dtype == torch.float32 and weight.dtype == torch.float32):
-        flat = x.reshape(rows, x.shape[-1])
-        if cpu_ops.matmul_ready(flat, weight):
-            return cpu_ops.matmul_nt(flat, weight).view(*x.shape[:-1], weight.shape[0])
-        if rows >= SMALL_ROWS[0]:
-            out = torch.mm(weight, flat.t()).t().contiguous()
-            return out.view(*x.shape[:-1], weight.shape[0])
-    return F.linear(x, weight, bias)
-
-
-def head_logits(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A head's logits x [..., H] -> [..., V] (the target's, the drafter's), each row the same bits whatever
-    the pass: on CPU fp32
-    the head's panels (model/cpu_ops.py `head_matmul`: one FMA chain per logit, in the same order for
-    any rows or tile), so prefill, AR decode, verify, lazy verify and the C++ greedy verify agree bit for
-    bit and a near-tie breaks the same way in every path; elsewhere `call_linear`."""
-    if x.device.type == "cpu" and x.dtype == torch.float32 and x.numel() and cpu_ops.eager():
-        flat = x.reshape(-1, x.shape[-1]).contiguous()
-        out = cpu_ops.head_matmul(flat, head)
-        if out is not None:
-            return out.view(*x.shape[:-1], out.shape[-1])
-    return call_linear(head, x)
-
-
-def call_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`module(x)` through `linear` when it is a plain nn.Linear without hooks (calibration hooks,
-    simulated quantization and parallel layers keep their own call)."""
-    if type(module) is nn.Linear and not (module._forward_pre_hooks or module._forward_hooks):
-        return linear(x, module.weight, module.bias)
-    return module(x)
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -159,8 +110,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
-            gate, up = linear(x, self.gate_up).chunk(2, dim=-1)
-            return call_linear(self.down_proj, F.silu(gate) * up)
+            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -211,7 +162,7 @@ class AttentionProjections(nn.Module):
     def query_key_value(self, x: torch.Tensor, cos, sin, q_from: int = 0):
         """x [B, T, H] -> q [B, heads, T - q_from, D] (rows q_from..); k, v [B, T, kv_heads, D] (normed, rotated)."""
         if self.qkv is not None:
-            q, k, v = linear(x, self.qkv).split(self.splits, dim=-1)
+            q, k, v = F.linear(x, self.qkv).split(self.splits, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if q_from:
@@ -227,7 +178,7 @@ class AttentionProjections(nn.Module):
     def key_value(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, T, H] -> k, v [B, T, kv_heads, D]; k normed and rotated (cache layout)."""
         if self.qkv is not None:
-            k, v = linear(x, self.qkv[self.splits[0] :]).split(self.splits[1:], dim=-1)
+            k, v = F.linear(x, self.qkv[self.splits[0] :]).split(self.splits[1:], dim=-1)
         else:
             k, v = self.k_proj(x), self.v_proj(x)
         return self._shape_kv(k, v, cos, sin)
@@ -239,4 +190,4 @@ class AttentionProjections(nn.Module):
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
         b, _, t, _ = q.shape
-        return call_linear(self.o_proj, out.transpose(1, 2).reshape(b, t, -1))
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))

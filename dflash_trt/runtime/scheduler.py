@@ -1,13 +1,15 @@
-"""Continuous-batching DFlash scheduler: requests join and leave a running batch between steps.
+"""The engine's step: a continuous-batching DFlash scheduler over a pair of runners (runner.py).
 
-One `step()`:
+Requests join and leave a running batch between steps. One `step()`:
 1. drop cancelled requests and free their slots;
 2. admit waiting requests into free slots: one batched target prefill, first token chosen by the
-   sampling rule, prompt taps appended to the draft context;
-3. one DFlash step for every running slot: draft [bonus, MASK x K] in one pass, verify in one
-   target pass, accept the matching prefix + bonus, stop checks, stream, rewind caches.
+   sampling rule, prompt taps handed to the draft runner as context;
+3. one DFlash step for every running slot: the width policy picks the block (width.py), the draft
+   runner drafts [bonus, MASK x K] in one pass, the target runner verifies it in one pass, the
+   scheduler accepts the matching prefix + bonus, applies stops, streams, and rewinds both runners.
 Each request keeps its own slot, positions, sampling params and seed, so its tokens are exactly
-its autoregressive tokens whatever else shares the batch. `run()` loops in a thread.
+its autoregressive tokens whatever else shares the batch. A server steps it from a thread
+(service.py); local decoding, benchmarks and golden outputs from the caller's (generate.py).
 """
 
 from __future__ import annotations
@@ -24,9 +26,20 @@ import torch
 
 from dflash_trt.decoding.requests import Detokenize, GenerationResult, Request, Row
 from dflash_trt.decoding.sampling import params_tensors
-from dflash_trt.decoding.width import WIDTH_POLICIES, AdaptiveWidth, MeasuredWidth, temperature_band
-from dflash_trt.model import cpu_layers
 from dflash_trt.runtime.runner import DraftRunner, TargetRunner
+from dflash_trt.runtime.width import MeasuredWidth, policy_for, resolve_policy, temperature_band
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    """What a running engine allows and how it picks widths (a bundle's `runtime` config)."""
+
+    max_batch_size: int = 8  # slots decoded together
+    max_seq_len: int = 1024  # prompt + generated tokens per request
+    block_size: int | None = None  # default: the drafter's; 1 = autoregressive (no drafter)
+    block_size_schedule: dict[int, int] | None = None  # {batch size: smaller block size} for busy steps
+    draft_confidence: float = 0.0  # > 0: verify only the drafts the drafter trusts this much
+    width_policy: str = "auto"  # runtime/width.py: "schedule", "measured", "auto" (measured on CPU)
 
 
 @dataclass
@@ -96,32 +109,34 @@ class Scheduler:
     def __init__(self, target: TargetRunner, draft: DraftRunner | None, n_slots: int, capacity: int,
                  detokenize: Detokenize | None = None, max_prefill_batch: int = 8, device="cpu",
                  on_step: Callable[[StepStats], None] | None = None,
-                 block_size_schedule: dict[int, int] | None = None, adaptive_width_cost: float | None = None,
-                 width_policy: str = "auto"):
+                 block_size_schedule: dict[int, int] | None = None, width_policy: str = "auto"):
         self.target, self.draft, self.capacity = target, draft, capacity
         self.detokenize, self.max_prefill_batch, self.device = detokenize, max_prefill_batch, device
         self.on_step = on_step
         self.block_size = draft.block_size if draft is not None else 1  # no drafter: autoregressive
-        # batch size -> verify width: from each key up, use that (smaller) block; lossless at any width
-        self.block_size_schedule = dict(sorted((block_size_schedule or {}).items()))
-        self.adaptive = AdaptiveWidth(self.block_size, adaptive_width_cost) \
-            if adaptive_width_cost is not None and self.block_size > 1 else None
-        if width_policy not in WIDTH_POLICIES:
-            raise ValueError(f"width_policy must be one of {', '.join(WIDTH_POLICIES)}, got {width_policy!r}")
-        # "measured": one decision from measured acceptance (per temperature band) and pass costs, down
-        # to plain AR steps; it replaces block_size_schedule and adaptive_width_cost. "auto": the schedule
-        # while every row is greedy, the measured decision once one samples
-        self.measured = None
-        if width_policy != "schedule" and self.block_size > 1:
-            self.measured = MeasuredWidth(self.block_size,
-                                          greedy=self.greedy_width if width_policy == "auto" else None)
+        device_type = torch.device(device).type
+        self.width_policy = resolve_policy(width_policy, device_type)
+        self.widths = policy_for(self.width_policy, device_type, self.block_size, block_size_schedule)
         self.free_slots = list(range(n_slots))
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}
         self.wakeup = threading.Condition()
         self.stopping = False
         self._admitting: list[Sequence] = []  # popped from waiting, not yet running (for failures)
-        self._fixed_weights: dict = {}
+
+    @classmethod
+    def from_limits(cls, target: TargetRunner, draft: DraftRunner | None, limits: ServiceLimits,
+                    detokenize: Detokenize | None = None, on_step=None) -> Scheduler:
+        """A scheduler for `limits` over these runners (slots, capacity, schedule and width policy)."""
+        block = draft.block_size if draft is not None else 1
+        return cls(target, draft, limits.max_batch_size, limits.max_seq_len + block + 1, detokenize,
+                   device=target.device, on_step=on_step, block_size_schedule=limits.block_size_schedule,
+                   width_policy=limits.width_policy)
+
+    @property
+    def measured(self) -> MeasuredWidth | None:
+        """The measured width policy, when that is the one in use."""
+        return self.widths if isinstance(self.widths, MeasuredWidth) else None
 
     # --- requests ------------------------------------------------------------------------------
     def check(self, request: Request) -> None:
@@ -173,12 +188,6 @@ class Scheduler:
 
     def step(self) -> None:
         """One scheduler iteration. A failure ends the requests it touched, never the loop."""
-        # served weights do not change: the C++ CPU passes check their layers' tensors once, not every pass
-        # (~0.1-0.6 ms a pass; cpu_layers.fixed_weights)
-        with cpu_layers.weights_fixed_in(self._fixed_weights):
-            self._step()
-
-    def _step(self) -> None:
         self._drop_cancelled()
         try:
             t0 = time.perf_counter()
@@ -260,32 +269,9 @@ class Scheduler:
         return n
 
     def verify_width(self, batch: int, bands: list[int] | None = None) -> int:
-        """Block size for a step of `batch` rows: the measured policy's choice for rows in temperature
-        `bands`, else the schedule's entry at or below `batch`, capped (1: verify the bonus token alone, an
+        """Block size for a step of `batch` rows in temperature `bands` (1: verify the bonus token alone, an
         autoregressive step that keeps the draft context)."""
-        if self.measured is not None:
-            return self.measured.width(bands if bands is not None else [0] * batch)
-        return self.scheduled_width(batch)
-
-    def greedy_width(self, batch: int) -> int | None:
-        """The "auto" policy's width for an all-greedy step of `batch` rows, None for the measured choice:
-        the schedule when one is set (block_size_schedule, adaptive_width_cost); without one, the full block
-        for a single request (steady, and measured choices between near-equal wide arms wander with timing
-        noise) and the measured choice for several — verify rows are compute-bound there while an AR step's
-        rows share one weight stream, so the best width depends on this machine (docs/benchmarks.md)."""
-        if batch == 1 or self.block_size_schedule or self.adaptive is not None:
-            return self.scheduled_width(batch)
-        return None
-
-    def scheduled_width(self, batch: int) -> int:
-        """The schedule's width for `batch` rows (block_size_schedule, adaptive_width_cost)."""
-        width = self.block_size
-        for threshold, block in self.block_size_schedule.items():
-            if batch >= threshold:
-                width = min(self.block_size, block)
-        if self.adaptive is not None:
-            width = min(width, self.adaptive.width())
-        return width
+        return self.widths.width(bands if bands is not None else [0] * batch)
 
     def _commit(self, seq: Sequence, tokens: list[int], accepted: int | None = None, drafts: int = 0) -> int:
         """Commit target tokens (stops applied), record acceptance, stream, finish if done."""
@@ -302,8 +288,8 @@ class Scheduler:
 
     def _decode(self) -> tuple[float, float, list[int], int, list[int]]:
         """One decode step: (draft s, verify s, tokens kept per row, drafts per row K, drafts accepted per row)."""
-        # ascending slots: a full batch is one consecutive slot range, whose cache read is a view
-        # (any other set is a gather copy of every layer's K/V: 12% of a step at batch 8)
+        # ascending slots: a full batch is one consecutive slot range, whose cache read is a view (any other set
+        # is a gather copy of every layer's K/V)
         seqs = [self.running[slot] for slot in sorted(self.running)]
         slots = torch.tensor([s.slot for s in seqs], device=self.device)
         bonus = torch.tensor([s.bonus for s in seqs], device=self.device)
@@ -323,8 +309,6 @@ class Scheduler:
             extra["bans"] = [s.request.bans(s.row.tokens, block) for s, block in zip(seqs, blocks.tolist())]
         tokens, accepted, taps = self.target.verify(slots, blocks, start, sampling, **extra)
         t2 = time.perf_counter()
-        if self.adaptive is not None and drafts.shape[1]:
-            self.adaptive.update(accepted.tolist(), drafts.shape[1])
         committed = accepted + 1
         new_start = start + committed
         self.target.commit(slots, new_start)
@@ -336,8 +320,8 @@ class Scheduler:
         for seq, row_tokens, a, s in zip(seqs, tokens.tolist(), accepted.tolist(), new_start.tolist()):
             seq.bonus, seq.start = row_tokens[a], s
             kept_per_row.append(self._commit(seq, row_tokens[: a + 1], a, drafts.shape[1]))
-        if self.measured is not None:  # the whole step, commit and streaming included; a draft pass that also
-            # stored AR steps' context is not timed (MeasuredWidth.update)
-            backlog, spent = width > 1 and getattr(self.draft, "backlog", False), time.perf_counter() - t0
-            self.measured.update(bands, accepted.tolist(), width, None if backlog else spent, spent)
+        # the whole step, commit and streaming included; a draft pass that also stored AR steps' context is not
+        # timed (MeasuredWidth.update)
+        backlog, spent = width > 1 and getattr(self.draft, "backlog", False), time.perf_counter() - t0
+        self.widths.update(bands, accepted.tolist(), width, None if backlog else spent, spent)
         return t1 - t0, t2 - t1, kept_per_row, drafts.shape[1], accepted.tolist()

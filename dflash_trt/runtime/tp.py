@@ -52,7 +52,9 @@ def _worker(rank: int, world: int, folder: str, jobs: list[TPJob]) -> None:
         out = []
         for job in jobs:
             pair = load_trtllm_pair(job.target_dir, job.draft_dir, rank, job.dtype, device, job.simulate)
-            results, _ = generate(pair, list(job.requests), job.block_size)
+            # widths from a fixed schedule: measured ones would follow each rank's own timings, and ranks that
+            # verify different widths would no longer run the same collectives
+            results, _ = generate(pair, list(job.requests), job.block_size, width_policy="schedule")
             out.append([asdict(r) for r in results])
         (Path(folder) / f"rank{rank}.json").write_text(json.dumps(out))
     finally:

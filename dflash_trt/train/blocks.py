@@ -135,7 +135,7 @@ def distill_loss(logits: torch.Tensor, target_logits: torch.Tensor, batch: Block
     (`target_logits` [Bt, N, B-1, V], its logits for the token at each slot) against the drafter's, times T²
     (Hinton et al.'s scaling, so the gradient's size does not shrink with T). Zero when the drafter's
     tempered distribution equals the target's; a drafter trained so drafts, coupled with the request's noise,
-    match what the target samples (model/draft_heads.py). `slots`: only block slots 1..slots (None: all)."""
+    match what the target samples (decoding/drafts.py). `slots`: only block slots 1..slots (None: all)."""
     log_q = F.log_softmax(logits.float() / temperature, dim=-1)
     log_p = F.log_softmax(target_logits.float() / temperature, dim=-1)
     kl = (log_p.exp() * (log_p - log_q)).sum(-1) * temperature**2  # [Bt, N, B-1]

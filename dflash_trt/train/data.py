@@ -78,17 +78,21 @@ def regenerate(target, samples: list[Sample], prompt_tokens: int, new_tokens: in
     (0: greedy); a list of temperatures mixes them, sample i taking temperatures[i % n] (e.g. greedy and
     sampled continuations for a drafter that serves both)."""
     temperatures = list(temperature) if isinstance(temperature, (list, tuple)) else [temperature]
-    from dflash_trt.decoding.autoregressive import autoregressive_generate
     from dflash_trt.decoding.requests import Request, StopCriteria
     from dflash_trt.decoding.sampling import SamplingParams
+    from dflash_trt.model.loader import LoadedPair
+    from dflash_trt.runtime.local import local_engine
 
+    prompts = [tuple(s.tokens[: s.trained_from or prompt_tokens]) for s in samples]
+    longest = max((len(p) for p in prompts), default=0) + new_tokens
+    engine = local_engine(LoadedPair(target, None, None, Path(), None), longest, autoregressive=True,
+                          max_batch_size=batch_size)
     out = []
     for start in range(0, len(samples), batch_size):
-        chunk = samples[start : start + batch_size]
-        prompts = [tuple(s.tokens[: s.trained_from or prompt_tokens]) for s in chunk]
+        chunk = prompts[start : start + batch_size]
         requests = [Request(p, SamplingParams(temperatures[(start + i) % len(temperatures)], seed=seed + start + i),
-                            StopCriteria(new_tokens, stop_ids)) for i, p in enumerate(prompts)]
-        for prompt, result in zip(prompts, autoregressive_generate(target, requests)):
+                            StopCriteria(new_tokens, stop_ids)) for i, p in enumerate(chunk)]
+        for prompt, result in zip(chunk, engine.generate(requests)):
             out.append(Sample(list(prompt) + result.tokens, len(prompt)))
         if progress is not None:
             progress(len(chunk))

@@ -200,7 +200,7 @@ def train_draft(cfg: TrainDraftConfig) -> dict:
     """Train, write the z-lab drafter folder to `cfg.out`, return a summary (loss, τ estimate)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from dflash_trt.runtime.local import load_pair
+    from dflash_trt.model.loader import load_pair
 
     check_drafter_out(cfg.out)  # before hours of training, not after
     pair = load_pair(cfg.target, None, dtype="fp32", device=cfg.device)

@@ -237,7 +237,7 @@ class Orchestrator:
         schedule = {int(k): int(v) for k, v in runtime.get("block_size_schedule", {}).items()}
         self.limits = ServiceLimits(int(params.get("max_batch_size", runtime["max_batch_size"])),
                                     int(params.get("max_seq_len", runtime["max_seq_len"])), block_size,
-                                    schedule if block_size > 1 else None, runtime.get("adaptive_width_cost"),
+                                    schedule if block_size > 1 else None,
                                     draft_confidence=float(runtime.get("draft_confidence", 0.0)),
                                     width_policy=params.get("width_policy") or runtime.get("width_policy", "auto"))
         self.metrics = Metrics(pb, self.limits.block_size, config["name"])

@@ -6,12 +6,12 @@ The C++ layer does norm → q/k/v → q/k norm + RoPE → cache write → attent
 call that streams each weight once. Its rows are independent (the same instruction sequence per
 row whatever the row count or batch), so a verify pass reproduces one-token decoding bit for bit.
 
-Used by `Target.forward` (causal) and `DFlashDraft.forward` (non-causal blocks over [context ;
-block], ragged contexts) when `eligible`: fp32 CPU tensors, each sequence's rows at consecutive
+Used by the CPU backend's target passes (target.py: causal) and draft passes (draft.py: non-causal
+blocks over [context ; block], ragged contexts) when `eligible`: fp32 CPU tensors, each sequence's rows at consecutive
 positions, at most MAX_ROWS rows in all, no autograd or graph recording, fused q/k/v and gate/up
 weights, plain modules. Everything else (training, quantization simulation, sliding-window or
 causal drafters, GPUs) keeps the torch path. The library itself (building, loading) and its
-row-independent ops (RMSNorm, projections, greedy heads) are in cpu_ops.py.
+row-independent ops (RMSNorm, projections, greedy heads) are in ops.py.
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ import contextvars
 import ctypes
 import functools
 import math
-import os
 
 import torch
 from torch import nn
 
-from dflash_trt.model import cpu_ops
-from dflash_trt.model.cpu_ops import (
+from dflash_trt.backends.cpu import ops
+from dflash_trt.backends.cpu.ops import (
     DraftStepArgs,
     LayerWeights,
     bf16_exact,
@@ -40,9 +39,9 @@ from dflash_trt.model.cpu_ops import (
 from dflash_trt.model.kv_cache import KVCache
 from dflash_trt.model.layers import RMSNorm
 
-HALF_PANELS = os.environ.get("DFLASH_TRT_HALF_PANELS", "1") != "0"  # 0: fp32 panels always (for comparisons)
-MAX_ROWS = 256  # rows per pass (all sequences); measured faster than the torch path up to here on the
-# 2-core CPU, prompts included (6-layer tiny target: 128 rows 14.2 vs 17.6 ms, 256 rows 28.4 vs 34.5 ms)
+HALF_PANELS = True  # weights that are all bf16 / fp16 values stream as 16-bit panels (tests compare with False)
+MAX_ROWS = 256  # rows per C++ call (all sequences); larger passes run in pieces (target.py): past a few hundred
+# rows MKL's blocked matmuls would win, and the pieces keep each row's bits those of a decode row
 
 
 def eligible(positions: torch.Tensor, cache: KVCache) -> bool:
@@ -50,14 +49,14 @@ def eligible(positions: torch.Tensor, cache: KVCache) -> bool:
     cache, `eager`."""
     b, t = positions.shape
     if not (b * t <= MAX_ROWS and cache.k.device.type == "cpu" and cache.k.dtype == torch.float32
-            and cpu_ops.eager()):
+            and ops.eager()):
         return False
     if b == 1:
-        row = positions[0].tolist()  # one conversion (each tensor element read is ~5 µs in a decode loop)
+        row = positions[0].tolist()  # one conversion: element reads each cost a torch call
         consecutive = row[-1] - row[0] == t - 1
     else:
         consecutive = t == 1 or bool((positions[:, 1:] - positions[:, :-1] == 1).all())
-    return consecutive and cpu_ops.library() is not None
+    return consecutive and ops.library() is not None
 
 
 class LayerPlan:
@@ -122,8 +121,8 @@ _FIXED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("dflash_trt
 
 def fixed_weights(fn):
     """Decorator for a decode loop: its weights do not change while it runs, so `plans` checks each
-    layer list on its first pass only (a 24-layer check is ~135 µs warm and ~0.3-0.6 ms between the
-    passes of a DRAM-bound decode, whose weight stream evicts the Python objects it reads)."""
+    layer list on its first pass only (the check reads every layer's Python objects, which a decode's weight
+    stream has evicted from the caches by the next pass)."""
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
@@ -155,7 +154,8 @@ def plans(layers: nn.ModuleList) -> list[LayerPlan] | None:
     for layer in layers:
         objects = _objects(layer)
         plan = layer.__dict__.get("_cpu_plan")
-        if plan is None or any(a is not b for a, b in zip(plan.objects, objects)) or plan.versions != tensor_versions(objects):
+        stale = plan is None or any(a is not b for a, b in zip(plan.objects, objects))
+        if stale or plan.versions != tensor_versions(objects):
             if not _supported(layer, objects):
                 return None
             plan = LayerPlan(objects, layer)
@@ -181,7 +181,7 @@ def run_layers(
 ) -> None:
     """All decoder layers over B sequences of [context ; block]; K/V of every row go to `cache`
     (layer i of `plans` uses cache layer i). Arguments are checked once, then one C++ call a layer.
-    `copies` addresses must each have room for x (memmove, no torch op: ~1 µs a tap, not ~25)."""
+    `copies` addresses must each have room for x (a memmove, not a torch op)."""
     call = _LayerCall(plans, x, context, context_counts, cache, slots, starts, cos, sin, causal)
     copies, source, size = copies or {}, x.data_ptr(), x.numel() * x.element_size()
     for i in range(len(plans)):
@@ -220,7 +220,7 @@ class _LayerCall:
         self.tail = (slots.data_ptr(), starts.data_ptr(), cache.capacity, int(causal))
 
     def __call__(self, i: int, lo: int, hi: int, write_kv: bool) -> None:
-        lib, offset = cpu_ops.library(), i * self.layer_bytes
+        lib, offset = ops.library(), i * self.layer_bytes
         head = (self.plans[i].pointer, *self.args, self.k_base + offset, self.v_base + offset, *self.tail)
         if lo == 0 and hi == self.q_rows and write_kv:
             status = lib.dfl_decoder_layer(*head)
@@ -239,7 +239,7 @@ class DraftStep:
     (fc through cached panels, norm), every layer over [context ; block] with the last one lazily
     output for the confidence cut, final norm and the greedy head. Numbers equal to the separate
     calls (`run_layers`, `layer_rows`, `rms_norm`, `greedy_drafts`); what it saves is the Python
-    between them (~0.5 ms a step while the target's weight stream evicts the objects it touches).
+    between them, which the target's weight stream makes slow (it evicts the objects that Python touches).
     Build with `DraftStep.of`; valid while the tensors it points to are (it keeps them alive)."""
 
     def __init__(self, plans: list[LayerPlan], fc_panels, fc_in: int, hidden_norm, final_norm, head_panels,
@@ -256,15 +256,15 @@ class DraftStep:
     def of(owner, plans: list[LayerPlan], fc: nn.Module, hidden_norm, final_norm, head, vocab_ids, first: int):
         """The step for these modules, cached on `owner` (one entry) and rebuilt when any of them (or
         their packed panels) changes; None where the C++ code does not apply (see `head_weight`)."""
-        fc_weight, head_w = cpu_ops.head_weight(fc), cpu_ops.head_weight(head)
+        fc_weight, head_w = ops.head_weight(fc), ops.head_weight(head)
         norms = (hidden_norm.weight, final_norm.weight)
-        if fc_weight is None or head_w is None or cpu_ops.library() is None or not all(
+        if fc_weight is None or head_w is None or ops.library() is None or not all(
                 w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous() for w in norms):
             return None
         if vocab_ids is not None and not (vocab_ids.dtype == torch.int64 and vocab_ids.is_contiguous()
                                           and vocab_ids.numel() == head_w.shape[0]):
             return None
-        fc_panels, head_panels = cpu_ops.head_panels(fc, fc_weight), cpu_ops.head_panels(head, head_w)
+        fc_panels, head_panels = ops.head_panels(fc, fc_weight), ops.head_panels(head, head_w)
         key = (*map(id, plans), id(fc_panels), id(head_panels), *map(id, norms), hidden_norm.eps, final_norm.eps,
                id(vocab_ids), first)
         cached = owner.__dict__.get("_cpu_draft_step")
@@ -288,8 +288,8 @@ class DraftStep:
         drafts = torch.empty(width - 1, dtype=torch.int64)
         last_rows = ctypes.c_int32(0)
         floor = math.log(min_confidence) if min_confidence > 0.0 else -math.inf
-        rule = None if sampling is None else ctypes.byref(cpu_ops.sampling_args(sampling, start + 1, self.keep[-1]))
-        kept = cpu_ops.library().dfl_draft_step(
+        rule = None if sampling is None else ctypes.byref(ops.sampling_args(sampling, start + 1, self.keep[-1]))
+        kept = ops.library().dfl_draft_step(
             self.pointer, block.data_ptr(), width, None if target_hidden is None else target_hidden.data_ptr(), n,
             cos.data_ptr(), sin.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(), cache.k[0].numel(), slot, start,
             cache.capacity, floor, rule, drafts.data_ptr(), ctypes.byref(last_rows))

@@ -6,7 +6,7 @@ so a verify row equals a one-token decode row bit for bit. Ops return None (or t
 `*_ready`) when they do not apply: non-fp32 or non-CPU tensors, autograd or graph recording (`eager`),
 or no library. `DFLASH_TRT_CPU_LAYERS=0` turns the library off; without a C++ compiler it is off
 with one warning. It is built with g++ -O3 -march=native on first use (a few seconds) and cached
-(host_build.py). The decoder layers that use it are in cpu_layers.py.
+(host_build.py). The decoder layers that use it are in layers.py.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def fp16_panels(panels: torch.Tensor) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
     """weight * x / rms(x) over the last dim through the layer's norm (contiguous fp32 CPU x and
-    weight, `eager`), or None when it does not apply (a torch rms_norm call is ~20-60 µs here)."""
+    weight, `eager`), or None when it does not apply (one call where torch runs several ops)."""
     if not (x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
             and weight.is_contiguous() and eager()) or library() is None:
         return None
@@ -230,14 +230,9 @@ def greedy_verify(hidden: torch.Tensor, head, drafts: torch.Tensor, first: int) 
     return tokens, accepted
 
 
-def twin_rule(sampling, rows: torch.Tensor) -> tuple | None:
-    """Row 0's (temperature, top_k, top_p, seed) of `sampling` ([B] tensors) as numbers where the kernels'
-    switch runs the sampling rule's C++ twin for these CPU `rows` (the C++ heads reach the same twin, so
-    they pick the same tokens); None where it runs another body."""
-    from dflash_trt.kernels.verify import resolve_impl
-
-    if resolve_impl(rows, True) != "twin":
-        return None
+def twin_rule(sampling) -> tuple:
+    """Row 0's (temperature, top_k, top_p, seed) of `sampling` ([B] tensors) as numbers: one sampled
+    sequence's rule for the C++ heads, which pick with the sampling rule's C++ twin (`sampling_args`)."""
     temperature, top_k, top_p, seed = sampling
     return float(temperature[0]), int(top_k[0]), float(top_p[0]), int(seed[0])
 
@@ -290,7 +285,7 @@ def sampled_trust(logits: torch.Tensor, columns: torch.Tensor, temperature: torc
 
 def greedy_drafts(hidden: torch.Tensor, head, min_confidence: float, first: int) -> torch.Tensor:
     """hidden [K, H] draft rows -> greedy drafts [K' <= K] (indices into the head's rows) with the
-    confidence cut: `model.draft_heads.confident_drafts` for one sequence."""
+    confidence cut: `decoding.drafts.confident_drafts` for one sequence."""
     weight = head_weight(head)
     panels = head_panels(head, weight)
     hidden = hidden.contiguous()

@@ -1,9 +1,10 @@
-"""Backend `torch`: bundles the HF target and z-lab drafter as they are, or quantized.
+"""Backend `torch`, bundles: the HF target and z-lab drafter as they are, or quantized.
 
 Unquantized, target/ and draft/ are the HF folders; quantized (FP8 / NVFP4 / FP8 KV), they are the
-TensorRT-LLM checkpoint pair from the convert stage, which the torch runtime runs dequantized with
-simulated activation / KV quantization — the very artifact a GPU engine build consumes. Dtype and
-device are load settings recorded in the config. `load_bundle` opens such a bundle as a torch pair.
+TensorRT-LLM checkpoint pair from the convert stage, which the torch models run dequantized with
+simulated activation / KV quantization (parallel.py) — the very artifact a GPU engine build consumes.
+Dtype and device are load settings recorded in the config. `load_bundle` opens such a bundle as a
+loaded pair; its runners are the torch backend's on CUDA and the CPU backend's on CPU.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from dflash_trt.checkpoint.hf import read_draft, read_target
 from dflash_trt.engine import bundle as bundles
 from dflash_trt.engine.backend import FilledBundle, Log
 from dflash_trt.engine.config import BuildConfig
-from dflash_trt.engine.golden import compute_golden, prompt_ids
 from dflash_trt.errors import ConfigError
-from dflash_trt.runtime.local import LoadedPair, apply_draft_vocab, load_pair
+from dflash_trt.model.loader import LoadedPair, apply_draft_vocab, load_pair
 
 HF_FORMAT, TRTLLM_FORMAT = "hf", "trtllm-checkpoint"
 
@@ -26,12 +27,7 @@ class TorchBackend:
 
     def fill(self, cfg: BuildConfig, tmp: Path, log: Log) -> FilledBundle:
         fmt = _stage_weights(cfg, tmp, log)
-        pair = _load_staged(tmp, fmt, "fp32" if cfg.dtype == "auto" else cfg.dtype, "cpu", cfg.runtime.draft_vocab_size)
-        block_size = cfg.block_size or pair.draft.config.block_size
-        log(f"golden outputs ({len(cfg.golden.prompts)} prompt entries, {cfg.golden.max_new_tokens} tokens)")
-        prompts = prompt_ids(cfg.golden.prompts, pair.tokenizer, cfg.source)
-        golden = compute_golden(pair, prompts, cfg.golden.max_new_tokens, block_size)
-        return FilledBundle(pair_info(pair, block_size) | {"format": fmt}, golden)
+        return FilledBundle(pair_info(*_configs(tmp, fmt), cfg.block_size, tmp) | {"format": fmt})
 
 
 def _quantized(cfg: BuildConfig) -> bool:
@@ -57,9 +53,19 @@ def _stage_weights(cfg: BuildConfig, tmp: Path, log: Log) -> str:
     return TRTLLM_FORMAT
 
 
-def _load_staged(folder: Path, fmt: str, dtype: str, device: str, draft_vocab_size=None) -> LoadedPair:
+def _configs(folder: Path, fmt: str):
+    """The staged target's and drafter's configs (TargetConfig, DraftConfig), weights unread."""
     if fmt == TRTLLM_FORMAT:
-        from dflash_trt.runtime.tp import load_trtllm_pair
+        from dflash_trt.checkpoint.trtllm import read_trtllm
+
+        return read_trtllm(folder / "target").config.model, read_trtllm(folder / "draft").config.model
+    return read_target(folder / "target").config, read_draft(folder / "draft").config
+
+
+def load_staged(folder: Path, fmt: str, dtype: str, device: str, draft_vocab_size=None) -> LoadedPair:
+    """The pair a bundle folder holds (`fmt`: HF folders or a TensorRT-LLM checkpoint pair)."""
+    if fmt == TRTLLM_FORMAT:
+        from dflash_trt.backends.torch.parallel import load_trtllm_pair
 
         pair = load_trtllm_pair(folder / "target", folder / "draft", dtype=dtype, device=device, simulate=True)
     else:
@@ -67,16 +73,17 @@ def _load_staged(folder: Path, fmt: str, dtype: str, device: str, draft_vocab_si
     return apply_draft_vocab(pair, draft_vocab_size)
 
 
-def pair_info(pair: LoadedPair, block_size: int) -> dict:
-    d = pair.draft.config
+def pair_info(target, draft, block_size: int | None, folder: Path) -> dict:
+    """The manifest's description of a pair from its configs (`block_size` None: the drafter's)."""
+    from dflash_trt.tokenizer import has_tokenizer
+
     return {
-        "block_size": block_size,
-        "mask_token_id": d.mask_token_id,
-        "target_layer_ids": list(d.target_layer_ids),
-        "target": {"family": pair.target.config.family, "vocab_size": pair.target.config.vocab_size,
-                   "num_layers": pair.target.config.dims.num_layers},
-        "draft": {"num_layers": d.dims.num_layers, "trained_block_size": d.block_size},
-        "has_tokenizer": pair.tokenizer is not None,
+        "block_size": block_size or draft.block_size,
+        "mask_token_id": draft.mask_token_id,
+        "target_layer_ids": list(draft.target_layer_ids),
+        "target": {"family": target.family, "vocab_size": target.vocab_size, "num_layers": target.dims.num_layers},
+        "draft": {"num_layers": draft.dims.num_layers, "trained_block_size": draft.block_size},
+        "has_tokenizer": has_tokenizer(folder / "target"),
     }
 
 
@@ -88,6 +95,6 @@ def load_bundle(path: str | Path, dtype: str | None = None, device: str | None =
         raise ConfigError(f"{path}: a {manifest['backend']} bundle is served through its own runners "
                           "(dflash_trt.runtime.backends.open_runners), not loaded as a torch pair")
     config = manifest["config"]
-    pair = _load_staged(path, manifest.get("format", HF_FORMAT), dtype or config["dtype"],
-                        device or config["runtime"]["device"], config["runtime"].get("draft_vocab_size"))
+    pair = load_staged(path, manifest.get("format", HF_FORMAT), dtype or config["dtype"],
+                       device or config["runtime"]["device"], config["runtime"].get("draft_vocab_size"))
     return manifest, pair

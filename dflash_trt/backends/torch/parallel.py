@@ -1,4 +1,4 @@
-"""Torch runner over TensorRT-LLM checkpoints: TP = 1 in process, TP = N over torch.distributed.
+"""Torch models from TensorRT-LLM checkpoints: TP = 1 in process, TP = N over torch.distributed.
 
 Rank r builds `Target` / `DFlashDraft` with LOCAL dims (heads / tp, KV heads / tp (at least 1, the
 converter duplicated them), intermediate / tp) from `rank{r}.safetensors` and swaps modules so the
@@ -7,8 +7,8 @@ math equals the unsharded model:
     o_proj, down_proj     row-parallel: local matmul, all_reduce(sum), then the replicated bias
     lm_head               column-parallel over the padded vocab: local logits, all_gather, cut to vocab
     embeddings, norms, fc, hidden_norm    replicated
-Every rank then holds the same residual stream, taps and logits, runs the unchanged decode loop
-(`decoding/`) and makes the same decisions. Backend: gloo on CPU, nccl on CUDA.
+Every rank then holds the same residual stream, taps and logits, runs the unchanged engine (one
+process per rank: runtime/tp.py) and makes the same decisions. Backend: gloo on CPU, nccl on CUDA.
 
 Quantized checkpoints are dequantized to fp32 (then cast to the compute dtype). `simulate=True`
 also fake-quantizes every linear input with the checkpoint's activation scale (W8A8 FP8 / W4A4
@@ -19,9 +19,7 @@ q/k/v/gate/up must see their inputs.
 
 from __future__ import annotations
 
-import json
-import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -34,12 +32,11 @@ from dflash_trt.checkpoint.quant.modes import handler_for_algo
 from dflash_trt.checkpoint.quant.numerics import fp8_round_trip
 from dflash_trt.checkpoint.trtllm import RankState, TrtllmCheckpoint, load_rank, read_trtllm
 from dflash_trt.checkpoint.trtllm_config import local_dims, padded_vocab
-from dflash_trt.decoding.requests import GenerationResult, Request
 from dflash_trt.errors import CheckpointError
 from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.model.layers import MLP, AttentionProjections, Rotary
+from dflash_trt.model.loader import LoadedPair, resolve_device, resolve_dtype
 from dflash_trt.model.target import Target
-from dflash_trt.runtime.local import LoadedPair, generate, resolve_device, resolve_dtype
 from dflash_trt.tokenizer import has_tokenizer, load_tokenizer
 
 
@@ -198,53 +195,3 @@ def load_trtllm_pair(target_dir, draft_dir, rank: int = 0, dtype: str = "auto", 
     draft = build_draft(draft_ckpt, rank, torch_dtype, dev, simulate)
     tokenizer = load_tokenizer(target_dir) if has_tokenizer(target_dir) else None
     return LoadedPair(target, draft, tokenizer, Path(target_dir), Path(draft_dir))
-
-
-# --- multi-process driver ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TPJob:
-    """One decode run on every rank: a converted pair and the requests to decode with it."""
-
-    target_dir: str
-    draft_dir: str
-    requests: tuple[Request, ...]
-    block_size: int | None = None
-    simulate: bool = True
-    dtype: str = "auto"
-
-
-def init_tp(rank: int, world: int, init_file: Path) -> str:
-    """Join the process group (nccl with one GPU per rank, else gloo); returns this rank's device."""
-    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world)
-    if cuda:
-        torch.cuda.set_device(rank)
-        return f"cuda:{rank}"
-    torch.set_num_threads(1)  # tp processes share the CPU cores; more threads only oversubscribe
-    return "cpu"
-
-
-def _worker(rank: int, world: int, folder: str, jobs: list[TPJob]) -> None:
-    device = init_tp(rank, world, Path(folder) / "init")
-    try:
-        out = []
-        for job in jobs:
-            pair = load_trtllm_pair(job.target_dir, job.draft_dir, rank, job.dtype, device, job.simulate)
-            results, _ = generate(pair, list(job.requests), job.block_size)
-            out.append([asdict(r) for r in results])
-        (Path(folder) / f"rank{rank}.json").write_text(json.dumps(out))
-    finally:
-        dist.destroy_process_group()
-
-
-def tp_generate(jobs: list[TPJob], tp: int) -> list[list[GenerationResult]]:
-    """Run every job on `tp` spawned ranks; all ranks must agree; returns rank 0's results per job."""
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(_worker, args=(tp, folder, jobs), nprocs=tp, join=True)
-        per_rank = [json.loads((Path(folder) / f"rank{r}.json").read_text()) for r in range(tp)]
-    if any(other != per_rank[0] for other in per_rank[1:]):
-        raise RuntimeError("tensor-parallel ranks disagree on the generated tokens")
-    return [[GenerationResult(**r) for r in job] for job in per_rank[0]]

@@ -14,7 +14,6 @@ package and the pinned version). Design, pins and upstream references: docs/trtl
     target_build  trtllm-build invocation for the target engine; target_model_cls: its model class
     build         TrtllmBackend: fills a bundle folder (engine/backend.py's contract)
     runner        TrtllmTargetRunner over TensorRT-LLM's Executor; load_trtllm_runners
-    golden        golden outputs decoded through any runner pair (the serving path)
     llmapi        Triton `llmapi` repository for TensorRT-LLM's native DFlash
     doctor        what this machine has, for `dflash-trt doctor`
 """

@@ -8,10 +8,11 @@ pair's dims, the draft graph spec, the target's model-class settings and the trt
 2. copy the DFlashVerify plugin library to tmp_dir/plugin, write the model class file, run trtllm-build
    into tmp_dir/target (plus the target's tokenizer files);
 3. export the drafter to ONNX (tmp_dir/draft) and compile both graphs with TensorRT;
-4. write dflash_engine.json, decode the golden prompts through the built engines with the scheduler.
+4. write dflash_engine.json.
 
 `TrtllmBackend` is this backend's side of the build contract (engine/backend.py): `engine.build.build_bundle`
-checks, reuses and writes the manifest; `fill` returns what the manifest records.
+checks, reuses and writes the manifest, and has the runtime decode the golden prompts through the built
+engines with the scheduler (runtime/golden.py); `fill` returns what the manifest records.
 """
 
 from __future__ import annotations
@@ -21,20 +22,20 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_trt.checkpoint.hf import check_pair, read_draft, read_target
-from dflash_trt.engine.backend import FilledBundle, Log
-from dflash_trt.engine.config import BuildConfig
-from dflash_trt.errors import ConfigError, UnsupportedModelError
-from dflash_trt.trtllm import versions
-from dflash_trt.trtllm.io_spec import ENGINE_CONFIG_FILE, DraftGraphSpec, describe_reserved, engine_config
-from dflash_trt.trtllm.plugin import DFLASH_VERIFY, LIBRARY_NAME
-from dflash_trt.trtllm.target_build import (
+from dflash_trt.backends.trtllm import versions
+from dflash_trt.backends.trtllm.io_spec import ENGINE_CONFIG_FILE, DraftGraphSpec, describe_reserved, engine_config
+from dflash_trt.backends.trtllm.plugin import DFLASH_VERIFY, LIBRARY_NAME
+from dflash_trt.backends.trtllm.target_build import (
     class_name,
     engine_lengths,
     target_outputs,
     target_settings,
     trtllm_build_args,
 )
+from dflash_trt.checkpoint.hf import check_pair, read_draft, read_target
+from dflash_trt.engine.backend import FilledBundle, Log
+from dflash_trt.engine.config import BuildConfig
+from dflash_trt.errors import ConfigError, UnsupportedModelError
 
 PURPOSE = "backend 'trtllm' (dflash-trt build)"
 
@@ -67,9 +68,9 @@ def check_config(cfg: BuildConfig) -> None:
         raise ConfigError(f"{where}: field 'tp': the trtllm backend serves tp=1 engines in this version (the "
                           "executor's multi-rank LEADER mode is not wired); set tp: 1")
     if cfg.kv_cache == "fp8" and cfg.quant == "none":
-        # trtllm-build (tensorrt_llm/builder.py build(), search id 205252225): with non-FP8 / NVFP4 weights it
-        # turns use_fp8_context_fmha off ("must be used together with the fp8 quantization workflow") and then,
-        # with an FP8 KV cache, use_paged_context_fmha too, which prompt-append's KV reuse needs (audit 8).
+        # trtllm-build (tensorrt_llm/builder.py, build()): with non-FP8 / NVFP4 weights it turns
+        # use_fp8_context_fmha off ("must be used together with the fp8 quantization workflow") and then,
+        # with an FP8 KV cache, use_paged_context_fmha too, which prompt-append's KV reuse needs.
         raise ConfigError(f"{where}: field 'kv_cache': fp8 with quant: none is refused for backend trtllm: "
                           "TensorRT-LLM 1.2.1 disables paged context FMHA for an FP8 KV cache unless the weights are "
                           "FP8 or NVFP4, and the paired engines need it; set quant: fp8 (or nvfp4), or kv_cache: auto")
@@ -80,7 +81,7 @@ def check_config(cfg: BuildConfig) -> None:
 
 def read_pair(cfg: BuildConfig):
     """The HF pair, with a pointer to route B when the target is outside the converter's families."""
-    from dflash_trt.trtllm.llmapi import refuse_dflash2
+    from dflash_trt.backends.trtllm.llmapi import refuse_dflash2
 
     refuse_dflash2(cfg.draft_path(), "route A")
     try:
@@ -130,7 +131,7 @@ def reserved_bytes(plan: TrtllmPlan, runtime) -> dict[str, int]:
 
 
 def pair_info(plan: TrtllmPlan) -> dict:
-    """The manifest fields the torch backend writes (engine/torch_backend.py `pair_info`), plus trtllm's."""
+    """The manifest fields the torch backend writes (backends/torch/bundle.py `pair_info`), plus trtllm's."""
     s = plan.draft_spec
     return {
         "block_size": plan.block_size,
@@ -168,7 +169,7 @@ def build_trtllm_bundle(cfg: BuildConfig, tmp_dir: str | Path, log: Log = print)
     for module in ("tensorrt_llm", "tensorrt", "onnx"):
         versions.require(module, PURPOSE)
     versions.require_engine_route(PURPOSE)
-    from dflash_trt.trtllm import build_steps
+    from dflash_trt.backends.trtllm import build_steps
 
     tmp_dir = Path(tmp_dir)
     plan = plan_trtllm_build(cfg, tmp_dir)
@@ -181,7 +182,6 @@ def build_trtllm_bundle(cfg: BuildConfig, tmp_dir: str | Path, log: Log = print)
         build_steps.build_target(cfg, plan, tmp_dir, log)
         build_steps.build_draft(cfg, plan, tmp_dir, log)
         write_engine_config(tmp_dir, plan, library)
-        golden = build_steps.golden(cfg, plan, tmp_dir, log)
     finally:
         shutil.rmtree(plan.checkpoint_dir, ignore_errors=True)
-    return FilledBundle(pair_info(plan) | {"format": "trtllm-engines"}, golden, installed_versions())
+    return FilledBundle(pair_info(plan) | {"format": "trtllm-engines"}, installed_versions())

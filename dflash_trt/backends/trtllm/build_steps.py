@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dflash_trt.backends.trtllm.plugin import LIBRARY_NAME, find_library
+from dflash_trt.backends.trtllm.target_build import run_trtllm_build, write_model_class
 from dflash_trt.checkpoint.hf import read_draft, read_target
 from dflash_trt.engine.config import BuildConfig
 from dflash_trt.errors import ConfigError
 from dflash_trt.model.loader import DTYPES, load_draft
-from dflash_trt.trtllm.plugin import LIBRARY_NAME, find_library
-from dflash_trt.trtllm.target_build import run_trtllm_build, write_model_class
 
 MIN_CAPABILITY = {"none": (8, 0), "fp8": (8, 9), "nvfp4": (10, 0)}  # FP8 tensor cores: Ada / Hopper; NVFP4: Blackwell
 
@@ -95,9 +95,9 @@ def load_target_head(folder: Path, dtype: torch.dtype) -> TargetHead:
 
 
 def build_draft(cfg: BuildConfig, plan, tmp_dir: Path, log=print) -> None:
-    from dflash_trt.trtllm.draft_runner import ENGINE_FILES
-    from dflash_trt.trtllm.onnx_export import export_draft_graphs
-    from dflash_trt.trtllm.sessions import build_engine
+    from dflash_trt.backends.trtllm.draft_runner import ENGINE_FILES
+    from dflash_trt.backends.trtllm.onnx_export import export_draft_graphs
+    from dflash_trt.backends.trtllm.sessions import build_engine
 
     dtype = DTYPES[plan.dtype]
     from dflash_trt.model import draft_vocab
@@ -110,21 +110,3 @@ def build_draft(cfg: BuildConfig, plan, tmp_dir: Path, log=print) -> None:
     for name, onnx_path in paths.items():
         log(f"TensorRT: {onnx_path.name} -> {ENGINE_FILES[name]}")
         build_engine(onnx_path, tmp_dir / "draft" / ENGINE_FILES[name], plan.draft_spec.profile(name))
-
-
-def golden(cfg: BuildConfig, plan, tmp_dir: Path, log=print) -> dict:
-    from dflash_trt.engine.golden import prompt_ids
-    from dflash_trt.tokenizer import has_tokenizer, load_tokenizer
-    from dflash_trt.trtllm.golden import golden_outputs
-    from dflash_trt.trtllm.runner import load_trtllm_runners
-
-    tokenizer = load_tokenizer(tmp_dir / "target") if has_tokenizer(tmp_dir / "target") else None
-    prompts = prompt_ids(cfg.golden.prompts, tokenizer, cfg.source)
-    slots = cfg.runtime.max_batch_size
-    target, draft = load_trtllm_runners(tmp_dir, slots)
-    log(f"golden outputs through the engines ({len(prompts)} prompts, {cfg.golden.max_new_tokens} tokens)")
-    try:
-        return golden_outputs(target, draft, target, prompts, cfg.golden.max_new_tokens, plan.block_size, slots,
-                              plan.draft_spec.capacity, device=target.device)
-    finally:
-        target.shutdown()

@@ -11,7 +11,7 @@ rewind is only a length change and slots never move:
   longest committed length, gathered into contiguous `[L, B, kvh, S, D]`, go to `draft_propose`. Its
   drafts are the argmax; graphs exported for sampled requests (`DraftGraphSpec.sampled`) also return
   the draft logits, and sampled rows then get coupled drafts from them — the sampling rule with the
-  request's own noise, `coupled_drafts`, as the torch runner picks them (model/draft_heads.py).
+  request's own noise, `coupled_drafts`, as the torch runner picks them (decoding/drafts.py).
 - `commit(slots, lengths [B])`: the committed context length of each slot.
 """
 
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.model.draft_heads import any_sampled, coupled_drafts
-from dflash_trt.trtllm.io_spec import DRAFT_VOCAB_FILE, DraftGraphSpec
-from dflash_trt.trtllm.onnx_export import GRAPH_FILES, TORCH_DTYPES
+from dflash_trt.backends.trtllm.io_spec import DRAFT_VOCAB_FILE, DraftGraphSpec
+from dflash_trt.backends.trtllm.onnx_export import GRAPH_FILES, TORCH_DTYPES
+from dflash_trt.decoding.drafts import any_sampled, coupled_drafts
 
 ENGINE_FILES = {"context": "draft_context.engine", "propose": "draft_propose.engine"}
 
@@ -93,7 +93,7 @@ class GraphDraftRunner:
 
 def ort_draft_runner(folder: str | Path, n_slots: int, threads: int = 1) -> GraphDraftRunner:
     """The draft graphs in `folder` (ONNX + dflash_draft.json) on onnxruntime's CPU provider."""
-    from dflash_trt.trtllm.sessions import OrtSession
+    from dflash_trt.backends.trtllm.sessions import OrtSession
 
     folder = Path(folder)
     spec = DraftGraphSpec.load(folder)
@@ -103,7 +103,7 @@ def ort_draft_runner(folder: str | Path, n_slots: int, threads: int = 1) -> Grap
 
 def trt_draft_runner(folder: str | Path, n_slots: int) -> GraphDraftRunner:
     """The draft engines in `folder` (*.engine + dflash_draft.json) on the current CUDA device."""
-    from dflash_trt.trtllm.sessions import TrtSession
+    from dflash_trt.backends.trtllm.sessions import TrtSession
 
     folder = Path(folder)
     spec = DraftGraphSpec.load(folder)

@@ -47,7 +47,7 @@ class DraftGraphSpec:
     max_batch_size: int
     target_layer_ids: tuple[int, ...] = field(default_factory=tuple)
     # graphs for sampled requests (runtime.sampled_requests) also return the draft logits, from which the
-    # runner picks coupled drafts for sampled rows (model/draft_heads.py): [B, Q-1, V'] floats a step
+    # runner picks coupled drafts for sampled rows (decoding/drafts.py): [B, Q-1, V'] floats a step
     sampled: bool = False
 
     @property
@@ -125,9 +125,10 @@ RUNTIME_BUFFER_SETS = 2
 class TargetOutputs:
     """The target engine's outputs beyond the stock `logits` (docs/trtllm-backend.md, target engine).
 
-    How TensorRT-LLM 1.2.1 returns and sizes them (search ids: llmRequest.h 786144818, llmRequest.cpp
-    572863852, inflightBatchingUtils.cpp 149516547, runtimeBuffers.cpp 730531010,
-    trtGptModelInflightBatching.cpp 538519496):
+    How TensorRT-LLM 1.2.1 returns and sizes them (upstream cpp/tensorrt_llm/batch_manager/:
+    llmRequest.cpp@89fd9b7 LlmRequest::createResult, utils/inflightBatchingUtils.cpp@a35c38f
+    copyAdditionalOutputs, runtimeBuffers.cpp@2a9abd9, trtGptModelInflightBatching.cpp@b35ac1b; and
+    cpp/include/tensorrt_llm/batch_manager/llmRequest.h, allocAdditionalOutputs):
     - an output registered with gather_context=True comes back twice, `context_<name>` [promptLen, X]
       (rows from getContextCurrentPosition(): a reused prefix's rows are never written) and
       `generation_<name>` [1, maxNewTokens, X] (the last row); gather_context=False: `generation_<name>` only;

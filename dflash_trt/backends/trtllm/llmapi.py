@@ -24,10 +24,10 @@ from pathlib import Path
 import yaml
 
 from dflash_trt.atomic import repository_scratch, write_atomically
+from dflash_trt.backends.trtllm import llmapi_fields
+from dflash_trt.backends.trtllm.versions import TRTLLM_LLMAPI_MIN
 from dflash_trt.engine.config import BuildConfig
 from dflash_trt.errors import ConfigError, UnsupportedModelError
-from dflash_trt.trtllm import llmapi_fields
-from dflash_trt.trtllm.versions import TRTLLM_LLMAPI_MIN
 
 MODEL_NAME = "tensorrt_llm"
 TRTLLM_ATTENTION_ARCHS = ("sm100", "sm103")  # DFlash attention_backend TRTLLM: FlashInfer trtllm-gen kernels
@@ -97,7 +97,7 @@ def draft_len_schedule(e: LlmapiExport) -> dict[int, int]:
     """runtime.block_size_schedule (lower bounds: "from this batch size on, verify blocks of N") as
     TensorRT-LLM's DecodingBaseConfig.draft_len_schedule (UPPER bounds: {4: 4, 8: 2, 32: 1} is batch 1-4 -> 4,
     5-8 -> 2, 9-32 -> 1, above the largest key 0 = no speculation; the smallest key must map to
-    max_draft_len; llm_args.py `validate_draft_len_schedule_and_sort`, search id 55143598664, upper-bound
+    max_draft_len; tensorrt_llm/llmapi/llm_args.py `validate_draft_len_schedule_and_sort`, upper-bound
     keys since v1.3.0rc8 (PR #10860), every release with DFlash). The last key is max_batch_size, so no
     batch the server runs falls off the end. Block 16, {4: 8, 8: 4}, max batch 8 -> {3: 15, 7: 7, 8: 3}."""
     steps = sorted((b, min(block, e.block_size) - 1) for b, block in e.block_size_schedule if b <= e.max_batch_size)
@@ -258,7 +258,7 @@ def from_build_config(cfg: BuildConfig, gpu_arch: str, **overrides) -> LlmapiExp
 
 
 def installed_llmapi_version() -> str | None:
-    from dflash_trt.trtllm.versions import installed_version
+    from dflash_trt.backends.trtllm.versions import installed_version
 
     return installed_version("tensorrt_llm")
 

@@ -1,18 +1,17 @@
 """Which `speculative_config` fields each TensorRT-LLM release's DFlashDecodingConfig has (route B).
 
-`DecodingBaseConfig` is a `StrictBaseModel` (`extra = "forbid"`, tensorrt_llm/llmapi/llm_args.py, search
-ids 1520735490, 1090804222): a key the installed release does not declare fails the llmapi model's
-`LLM(**model.yaml)` at load. So the export emits a field only where the target release has it
-(audit finding 5), from this table read from upstream sources:
+`DecodingBaseConfig` is a `StrictBaseModel` (`extra = "forbid"`, tensorrt_llm/llmapi/llm_args.py): a key
+the installed release does not declare fails the llmapi model's `LLM(**model.yaml)` at load. So the
+export emits a field only where the target release has it, from this table read from upstream sources:
 
 | release | DFlash fields | source |
 |---|---|---|
-| (first DFlash, PR #12794, ~1.3.0rc13-15) | mask_token_id, target_layer_ids | llm_args.py, search id 55143598664 (no attention_backend) |
+| (first DFlash, PR #12794, ~1.3.0rc13-15) | mask_token_id, target_layer_ids | tensorrt_llm/llmapi/llm_args.py, DFlashDecodingConfig (no attention_backend) |
 | 1.3.0rc27 | + attention_backend (VANILLA, TRTLLM, FA4) | API reference 1.3.0rc27, DFlashDecodingConfig |
 | 1.4.0rc1 | + spec_dec_variant, context_recompute_tail, skip_ctx_buffer_budget_check | API reference 1.4.0rc1 |
 
-The releases between the first DFlash one and 1.3.0rc27 are not pinned down by any source we hold, so
-they are refused (`check_release`), not guessed. `draft_len_schedule` has upstream's upper-bound keys in
+The releases between the first DFlash one and 1.3.0rc27 have no field list this table can vouch for,
+so they are refused (`check_release`), not guessed. `draft_len_schedule` has upstream's upper-bound keys in
 every release listed (since 1.3.0rc8, PR #10860).
 """
 
@@ -20,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dflash_trt.backends.trtllm.versions import version_tuple
 from dflash_trt.errors import ConfigError
-from dflash_trt.trtllm.versions import version_tuple
 
 # DecodingBaseConfig fields (API reference 1.3.0rc27) plus DFlash's decoding_type
 BASE_FIELDS = frozenset({

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
+from dflash_trt.backends.trtllm.io_spec import DRAFT_VOCAB_FILE, DraftGraphSpec, TensorSpec
+from dflash_trt.backends.trtllm.onnx_graphs import DraftContextGraph, DraftProposeGraph
+from dflash_trt.backends.trtllm.versions import require
 from dflash_trt.model.draft import DFlashDraft
 from dflash_trt.model.target import Target
-from dflash_trt.trtllm.io_spec import DRAFT_VOCAB_FILE, DraftGraphSpec, TensorSpec
-from dflash_trt.trtllm.onnx_graphs import DraftContextGraph, DraftProposeGraph
-from dflash_trt.trtllm.versions import require
 
 OPSET = 18
 GRAPH_FILES = {"context": "draft_context.onnx", "propose": "draft_propose.onnx"}

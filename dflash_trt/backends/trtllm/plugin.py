@@ -14,8 +14,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dflash_trt.backends.trtllm.versions import require
 from dflash_trt.errors import MissingDependencyError
-from dflash_trt.trtllm.versions import require
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 LIBRARY_NAME = "libdflash_verify_trt.so"

@@ -5,11 +5,12 @@ The target engine (docs/trtllm-backend.md) is driven through TensorRT-LLM 1.2.1'
 one request whose input is the slot's committed tokens up to the bonus token plus the drafts
 [bonus, d_1 .. d_K], with `max_tokens=1`; KV-cache block reuse recomputes only the last rows.
 
-What the executor returns, as upstream builds it (LlmRequest::createResult, search id 572863852;
-copyAdditionalOutputs, id 149516547): an output registered with gather_context=True comes back as
-`context_<name>` [promptLen, X], written from getContextCurrentPosition() (rows of a reused prefix are
-never written), AND `generation_<name>` [1, 1, X]; one registered without it as `generation_<name>`
-only. So this runner reads
+What the executor returns, as upstream builds it (LlmRequest::createResult in
+cpp/tensorrt_llm/batch_manager/llmRequest.cpp@89fd9b7; copyAdditionalOutputs in
+cpp/tensorrt_llm/batch_manager/utils/inflightBatchingUtils.cpp@a35c38f): an output registered with
+gather_context=True comes back as `context_<name>` [promptLen, X], written from getContextCurrentPosition()
+(rows of a reused prefix are never written), AND `generation_<name>` [1, 1, X]; one registered without it
+as `generation_<name>` only. So this runner reads
 - `context_dflash_taps`: the taps of the prompt (prefill) or of the block rows start..start+w (verify);
 - `generation_dflash_accept`: [accepted, valid_rows, t_0 .. t_K] of the in-engine DFlashVerify;
 - `generation_dflash_tail_logits`: the block logits, for sampled requests (engines built with
@@ -17,9 +18,9 @@ only. So this runner reads
 
 KV block reuse would hand a new sequence the blocks of an earlier one with the same prefix, leaving
 its prompt taps unwritten (uninitialised rows, right shape: acceptance collapses, output stays
-lossless; audit finding 7). Each sequence therefore gets its own `cache_salt_id` (blocks are shared
-only between requests of equal salt: kvCacheManager BlockKey, id 126178160; Request binding,
-TensorRT-LLM >= 1.1): its verifies reuse its own history, nothing else does.
+lossless). Each sequence therefore gets its own `cache_salt_id` (blocks are shared only between
+requests of equal salt: BlockKey in cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp@b35ac1b; Request
+binding, TensorRT-LLM >= 1.1): its verifies reuse its own history, nothing else does.
 
 The runner keeps each slot's committed token ids; `commit(slots, lengths)` truncates them, so a
 rewind is a length change as in the torch runner. tensorrt_llm is imported in `open` only.
@@ -35,12 +36,12 @@ from pathlib import Path
 
 import torch
 
+from dflash_trt.backends.trtllm import versions
+from dflash_trt.backends.trtllm.io_spec import ENGINE_CONFIG_FILE
 from dflash_trt.decoding.batch import pad_prompts
 from dflash_trt.decoding.verify import accept_length
 from dflash_trt.errors import CheckpointError, MissingDependencyError
 from dflash_trt.kernels import sample_tokens
-from dflash_trt.trtllm import versions
-from dflash_trt.trtllm.io_spec import ENGINE_CONFIG_FILE
 
 TAPS, ACCEPT, TAIL_LOGITS = "dflash_taps", "dflash_accept", "dflash_tail_logits"
 
@@ -218,9 +219,9 @@ def read_engine_config(bundle: str | Path) -> dict:
 
 def load_trtllm_runners(bundle: str | Path, n_slots: int):
     """(TrtllmTargetRunner, GraphDraftRunner on TensorRT) for a trtllm bundle folder."""
-    from dflash_trt.trtllm.draft_runner import trt_draft_runner
-    from dflash_trt.trtllm.plugin import register
-    from dflash_trt.trtllm.target_model_cls import load_settings
+    from dflash_trt.backends.trtllm.draft_runner import trt_draft_runner
+    from dflash_trt.backends.trtllm.plugin import register
+    from dflash_trt.backends.trtllm.target_model_cls import load_settings
 
     versions.require("tensorrt_llm", "loading a trtllm bundle")
     versions.require("tensorrt", "loading a trtllm bundle")

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dflash_trt.backends.trtllm.versions import require
 from dflash_trt.errors import CheckpointError
-from dflash_trt.trtllm.versions import require
 
 TRT_TO_TORCH = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16, "INT64": torch.int64,
                 "INT32": torch.int32, "BOOL": torch.bool}

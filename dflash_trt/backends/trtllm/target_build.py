@@ -15,9 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dflash_trt.backends.trtllm.io_spec import DraftGraphSpec, TargetOutputs
+from dflash_trt.backends.trtllm.plugin import DFLASH_VERIFY, LIBRARY_NAME
 from dflash_trt.errors import ConfigError, DFlashTrtError
-from dflash_trt.trtllm.io_spec import DraftGraphSpec, TargetOutputs
-from dflash_trt.trtllm.plugin import DFLASH_VERIFY, LIBRARY_NAME
 
 MODEL_CLS_SOURCE = Path(__file__).with_name("target_model_cls.py")
 MODEL_CLS_FILE = "dflash_target_model.py"

@@ -96,7 +96,7 @@ def load_plugin(registry, library: Path, plugin: dict):
 
     `IPluginRegistry.load_library` returns None when the library cannot be loaded and `get_creator`
     returns None when nothing of that name / version / namespace is registered (TensorRT Python API);
-    unchecked, either surfaces later as an opaque AttributeError on None (audit finding 11)."""
+    unchecked, either surfaces later as an opaque AttributeError on None."""
     if not library.is_file():
         raise FileNotFoundError(f"{library}: the DFlashVerify plugin library is missing (dflash_target.json "
                                 "'plugin_library' points here); rebuild the bundle")

@@ -1,0 +1,144 @@
+"""The runner contract (runtime/runner.py) over the torch models: `TorchTargetRunner`, `TorchDraftRunner`.
+
+Slots index static per-slot caches, so rewinding a slot is a length change. The verification and
+sampling bodies come from `kernels.select` when the runners are built (the CUDA kernel, its C++ twin
+or torch); nothing here asks again. The CPU backend subclasses both to run the passes in C++.
+
+Deferred draft context. The draft runner keeps the context of committed tokens (their target_hidden,
+positions, validity) pending until the next draft pass over the same slots, which stores it in the
+same pass (one projection per layer for context and block): after a verify step that is the step's
+committed rows; after autoregressive steps (width 1, no draft pass) it is all of theirs at once.
+Any other call order stores the pending context first.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dflash_trt.decoding.bad_words import mask_banned
+from dflash_trt.decoding.batch import pad_prompts
+from dflash_trt.decoding.drafts import DraftOps, propose
+from dflash_trt.kernels import Kernels, select
+
+Sampling = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # temperature, top_k, top_p, seed [B]
+
+
+class TorchTargetRunner:
+    supports_bad_words = True  # prefill / verify take `bans` (decoding/bad_words.py)
+
+    def __init__(self, target, n_slots: int, capacity: int, tap_layers: tuple[int, ...], kernels: Kernels | None = None):
+        self.target, self.tap_layers = target, tuple(tap_layers)
+        self.cache = target.new_cache(n_slots, capacity)
+        self.device = target.lm_head.weight.device
+        self.vocab_size = target.config.vocab_size
+        self.kernels = kernels or select(self.device)
+
+    def forward(self, tokens, positions, slots, logit_rows=None, head: bool = True):
+        """The target's pass over these slots' cache: logits (or final-norm hidden) and taps."""
+        return self.target(tokens, positions, self.cache, slots, self.tap_layers, logit_rows, head)
+
+    @torch.inference_mode()
+    def prefill(self, slots: torch.Tensor, prompts: list[tuple[int, ...]], sampling: Sampling, bans=None):
+        """-> first tokens [B], taps [B, T, n*H], positions [B, T], lengths [B]."""
+        tokens, positions, lengths = pad_prompts(prompts, self.device)
+        logits, taps = self.forward(tokens, positions, slots, logit_rows=(lengths - 1)[:, None])
+        self.cache.crop(slots, lengths)
+        if bans is not None:
+            mask_banned(logits, bans)
+        return self.kernels.sample_tokens(logits[:, 0], lengths, *sampling), taps, positions, lengths
+
+    @torch.inference_mode()
+    def verify(self, slots: torch.Tensor, blocks: torch.Tensor, start: torch.Tensor, sampling: Sampling, bans=None):
+        """blocks [B, K+1] = [bonus, d_1 .. d_K] at `start` -> tokens [B, K+1], accepted [B], taps. `bans`
+        (optional): per row, per block row, the token ids the rule must not choose there."""
+        positions = start[:, None] + torch.arange(blocks.shape[1], device=self.device)[None, :]
+        logits, taps = self.forward(blocks, positions, slots)
+        if bans is not None:
+            mask_banned(logits, bans)
+        if blocks.shape[1] == 1:  # an AR step: the token at start + 1 by the sampling rule
+            tokens = self.kernels.sample_tokens(logits[:, 0], start + 1, *sampling)[:, None]
+            return tokens, torch.zeros(blocks.shape[0], dtype=torch.int64, device=self.device), taps
+        tokens, accepted = self.kernels.verify_block(logits, blocks[:, 1:], start, *sampling)
+        return tokens, accepted, taps
+
+    def commit(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
+        self.cache.crop(slots, lengths)
+
+
+def merge_context(parts: list[tuple]) -> tuple | None:
+    """Pending contexts (slots, target_hidden [B, T, n*H], positions [B, T], valid [B, T]) of the same slots,
+    oldest first, as one (None for none). Each part's valid entries are a prefix of its row (a prompt's right
+    padding, a step's rejected drafts); joined they are not (a step's rejected drafts sit between its committed
+    rows and the next step's), so each row's valid entries are moved to the front in position order: a
+    one-sequence draft pass reads a row's context as its valid prefix."""
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    hidden, positions, valid = (torch.cat(fields, dim=1) for fields in zip(*(part[1:] for part in parts)))
+    counts = valid.sum(dim=1)
+    order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices[:, : int(counts.max())]
+    hidden = hidden.gather(1, order[..., None].expand(-1, -1, hidden.shape[-1]))
+    kept = torch.arange(order.shape[1], device=valid.device)[None, :] < counts[:, None]
+    return parts[-1][0], hidden, positions.gather(1, order), kept
+
+
+class TorchDraftRunner:
+    def __init__(self, draft, target, n_slots: int, capacity: int, block_size: int, min_confidence: float = 0.0,
+                 kernels: Kernels | None = None):
+        self.draft, self.target, self.block_size = draft, target, block_size
+        self.min_confidence = min_confidence  # > 0: propose only confident drafts (decoding/drafts.py)
+        self.cache = draft.new_cache(n_slots, capacity)
+        self.device = target.lm_head.weight.device
+        self.mask_token_id = draft.config.mask_token_id
+        self.kernels = kernels or select(self.device)
+        self.pending: list[tuple] = []  # (slots, taps, positions, valid) of the same slots, not yet stored
+        self.backlog = False  # the last propose also stored AR steps' context (the width policy does not time it)
+
+    @torch.inference_mode()
+    def append_context(self, slots, taps, positions, valid) -> None:
+        """Deferred: the next `propose` over the same slots stores it in its own pass; a context of other
+        slots stores what is pending first."""
+        if self.pending and torch.equal(self.pending[-1][0], slots):
+            self.pending.append((slots, taps, positions, valid))
+            return
+        self._store(merge_context(self.pending))
+        self.pending = [(slots, taps, positions, valid)]
+
+    def _store(self, context: tuple | None) -> None:
+        if context is not None:
+            slots, taps, positions, valid = context
+            self.draft.append_context(taps, positions, self.cache, slots, valid)
+
+    def _take(self, slots: torch.Tensor) -> tuple | None:
+        """The pending context as a draft pass over `slots` takes it (stored first if of other slots)."""
+        context, self.pending = merge_context(self.pending), []
+        if context is None:
+            return None
+        if context[0] is slots or torch.equal(context[0], slots):
+            return context[1:]
+        self._store(context)
+        return None
+
+    @torch.inference_mode()
+    def propose(self, slots: torch.Tensor, bonus: torch.Tensor, start: torch.Tensor,
+                block_size: int | None = None, sampling=None) -> torch.Tensor:
+        """Drafts [B, K' <= block_size - 1] for blocks [bonus, MASK x K] opened at `start` (K may vary per
+        step; K' < K when the drafter is not confident past K'). `sampling` (T, top_k, top_p, seed [B]):
+        rows with T > 0 get coupled drafts."""
+        width = min(block_size or self.block_size, self.block_size)
+        self.backlog = len(self.pending) > 1
+        context = self._take(slots)
+        block = torch.full((slots.numel(), width), self.mask_token_id, dtype=torch.int64, device=self.device)
+        block[:, 0] = bonus
+        positions = start[:, None] + torch.arange(width, device=self.device)[None, :]
+        return self.draft_block(self.target.embed(block), positions, slots, context, sampling, bonus)
+
+    def draft_block(self, noise_embedding, positions, slots, context, sampling, anchor) -> torch.Tensor:
+        """One draft pass over the block (and the pending context), then the proposals."""
+        hidden = self.draft(noise_embedding, positions, self.cache, slots, context)
+        return propose(self.draft, hidden[:, 1:], self.target.lm_head, positions[:, 0], sampling, anchor,
+                       self.min_confidence, DraftOps(sample=self.kernels.sample_tokens))
+
+    def commit(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
+        self.cache.crop(slots, lengths)  # lengths only: a pending context stays pending
