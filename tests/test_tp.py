@@ -1,5 +1,9 @@
 """Tensor parallel: TP=2 over torch.distributed (two gloo processes) decodes exactly like TP=1."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from test_convert import one_thread, run_convert, with_random_biases  # noqa: F401  (autouse fixture)
 from tiny_models import make_draft, make_target
@@ -47,3 +51,26 @@ def test_tp2_over_gloo_gives_the_same_tokens_as_tp1(checkpoints):
         reference, _ = generate(pair, list(REQUESTS), block_size=4)
         for a, b in zip(results, reference):
             assert a.tokens == b.tokens and a.acceptance_lengths == b.acceptance_lengths, name
+
+
+WORKER_TEARDOWN = """
+import sys
+from pathlib import Path
+from dflash_trt.decoding.requests import Request, StopCriteria
+from dflash_trt.runtime.tp import TPJob, _worker
+folder, target, draft = sys.argv[1:]
+_worker(0, 1, folder, [TPJob(target, draft, (Request((5, 6, 7, 8), stop=StopCriteria(4)),), 4)])
+left = [t.name for t in Path("/proc/self/task").iterdir() if "gloo" in (t / "comm").read_text()]
+sys.exit(f"gloo threads alive after destroy_process_group: {left}" if left else 0)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads thread names from /proc")
+def test_worker_teardown_ends_gloos_threads(checkpoints, tmp_path):
+    """A rank's `_worker` (run in a fresh interpreter, as a spawned rank is) leaves no gloo thread behind: one
+    still alive at interpreter finalization that drops its last work must take the GIL there, and is killed
+    (SIGABRT, "terminate called without an active exception")."""
+    folder = checkpoints["fp32", 1]
+    run = subprocess.run([sys.executable, "-c", WORKER_TEARDOWN, str(tmp_path), str(folder / "target"),
+                          str(folder / "draft")], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]

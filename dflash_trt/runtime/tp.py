@@ -17,6 +17,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+if dist.is_available():
+    import torch.distributed.nn  # noqa: F401  (before any init_process_group: see init_tp)
+
 from dflash_trt.backends.torch.parallel import load_trtllm_pair
 from dflash_trt.decoding.requests import GenerationResult, Request
 from dflash_trt.runtime.local import generate
@@ -35,7 +38,14 @@ class TPJob:
 
 
 def init_tp(rank: int, world: int, init_file: Path) -> str:
-    """Join the process group (nccl with one GPU per rank, else gloo); returns this rank's device."""
+    """Join the process group (nccl with one GPU per rank, else gloo); returns this rank's device.
+
+    torch.distributed.nn.functional binds `group=group.WORLD` as default arguments when imported. Imported
+    after this call (building a module under torch.device("meta") imports torch._dynamo, which imports it),
+    those defaults hold the default group, so destroy_process_group() frees nothing and gloo's worker threads
+    live into interpreter finalization, where one dropping its last work must take the GIL and is killed by
+    pthread_exit: SIGABRT, "terminate called without an active exception". This module imports it first,
+    so the defaults are None and destroy really ends gloo."""
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
