@@ -55,3 +55,18 @@ def test_taps_one_layer_off_are_caught_by_measurement(tmp_path):
 def test_static_only_needs_no_forward_pass():
     result, report = _run("--target", str(TARGET), "--draft", str(DRAFT), "--static")
     assert result.exit_code == 0 and "tau" in report and report["tau"] == {}
+
+
+def test_shipped_models_go_by_their_builtin_names_on_every_command():
+    """check-pair defaults to the shipped pair and takes builtin:NAME, as generate, bench, convert and
+    train-draft do; an unknown shipped name is a usage error that lists the shipped ones."""
+    result, report = _run("--static")
+    assert result.exit_code == 0 and report["verdict"] in ("ok", "warn"), result.output
+    named, same = _run("--target", "builtin:tiny-qwen3", "--draft", "builtin:tiny-qwen3-dflash", "--static")
+    assert named.exit_code == 0 and same == report
+    wrong = CliRunner().invoke(cli, ["check-pair", "--target", "builtin:tiny-qwen9", "--static"])
+    assert wrong.exit_code == 2 and "shipped: builtin:tiny-qwen3, builtin:tiny-qwen3-dflash" in wrong.output
+    for command in (["generate"], ["bench"], ["convert", "--out", "x"], ["train-draft", "--out", "x"],
+                    ["draft-vocab"], ["export", "trtllm-llmapi", "--out", "x"]):
+        bad = CliRunner().invoke(cli, [*command, "--target", "builtin:nope"])  # options parse in order: target first
+        assert bad.exit_code == 2 and "is not a shipped model" in bad.output, (command, bad.output)

@@ -13,7 +13,7 @@ def say(message: str) -> None:
 
 
 def print_local(results, caption: str | None = None) -> None:
-    table = Table(title="DFlash vs autoregressive (local torch runtime, batch 1, same prompts, one run)",
+    table = Table(title="DFlash vs autoregressive (local engine, batch 1, same prompts, one run)",
                   caption=caption)
     for column in ("T", "block", "prompts", "tokens", "τ", "DFlash tok/s", "AR tok/s", "speed-up (95% interval)",
                    "identical", "acceptance by draft position"):

@@ -101,8 +101,8 @@ def sweep(url: str, prompts: list, levels: list[int], max_new_tokens: int, sampl
     """Every (temperature, concurrency, model) point; `sampling["temperatures"]` (or one "temperature").
     `rounds` > 1: each point's requests are sent `rounds` times per model, the models alternating in
     order (`round_orders`); a point pools its rounds (tokens over summed wall seconds, every request's
-    TTFT / TPOT). One round measures DFlash first, then AR: on a shared VM whose speed drifts by 10-20%
-    over minutes, that order alone moves a ratio by as much."""
+    TTFT / TPOT). One round measures DFlash first, then AR: on a shared VM whose speed drifts over
+    minutes, that order alone would move the ratio."""
     points = []
     temperatures = sampling.get("temperatures") or [sampling.get("temperature", 0.0)]
     for temperature in temperatures:

@@ -57,8 +57,9 @@ def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, co
                   chain_calls, rounds, out_dir):
     """Same prompts, both ways, in one run: τ, per-position acceptance, tokens/s, TTFT/TPOT, speed-up.
 
-    Local: batch-1 decoding on the torch runtime for each block size. Served (--url): a concurrency
-    sweep against the `dflash` and `dflash_ar` models of one server; writes a Pareto plot.
+    Local: batch-1 decoding through the engine (the scheduler and runners a server runs) for each block size.
+    Served (--url): a concurrency sweep against the `dflash` and `dflash_ar` models of one server; writes a
+    Pareto plot.
     """
     import os
 

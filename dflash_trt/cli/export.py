@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from dflash_trt.cli.types import MODEL_REF
+
 
 @click.group("export", short_help="Export a DFlash pair for another runtime (TensorRT-LLM llmapi).")
 def export_group():
@@ -13,8 +15,10 @@ def export_group():
 @export_group.command("trtllm-llmapi", short_help="Triton repository for TensorRT-LLM's native DFlash (llmapi).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="A build config (build_configs/*.yaml): target, draft, block size, limits, quant.")
-@click.option("--target", help="Target: local HF folder or Hugging Face id (overrides the config's).")
-@click.option("--draft", help="DFlash drafter: local folder or Hugging Face id (overrides the config's).")
+@click.option("--target", type=MODEL_REF,
+              help="Target: local HF folder, builtin:NAME or Hugging Face id (overrides the config's).")
+@click.option("--draft", type=MODEL_REF,
+              help="DFlash drafter: local folder, builtin:NAME or Hugging Face id (overrides the config's).")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Repository folder (gets tensorrt_llm/).")
 @click.option("--block-size", type=click.IntRange(min=2), help="Verify width; max_draft_len = block_size - 1.")
 @click.option("--max-seq-len", type=click.IntRange(min=16), help="Prompt + output tokens per request.")

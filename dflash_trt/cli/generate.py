@@ -1,4 +1,4 @@
-"""`dflash-trt generate`: decode one prompt locally (torch runtime) or from a served model (--url)."""
+"""`dflash-trt generate`: decode one prompt locally (the engine, in process) or from a served model (--url)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _sampling_options(f):
     return f
 
 
-@click.command("generate", short_help="Generate text with DFlash: locally (torch) or from a server (--url).")
+@click.command("generate", short_help="Generate text with DFlash: locally (in process) or from a server (--url).")
 @click.option("--target", "target_dir", type=MODEL_DIR, default=BUILTIN_TARGET, show_default=True, help="HF target folder.")
 @click.option("--draft", "draft_dir", type=MODEL_DIR, default=BUILTIN_DRAFT, show_default=True,
               help="z-lab DFlash drafter folder.")

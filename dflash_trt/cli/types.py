@@ -74,6 +74,9 @@ class ModelDirType(click.ParamType):
 
     name = "DIR|builtin:NAME"
 
+    def __init__(self, hub_ids: bool = False):
+        self.hub_ids = hub_ids  # a value that is neither builtin: nor a local folder passes through (a hub id)
+
     def convert(self, value, param, ctx):
         from pathlib import Path
 
@@ -83,8 +86,11 @@ class ModelDirType(click.ParamType):
         if str(value).startswith("builtin:") and not path.is_dir():
             shipped = sorted(f"builtin:{p.name}" for p in ASSETS.iterdir() if (p / "config.json").is_file())
             self.fail(f"{value!r} is not a shipped model; shipped: {', '.join(shipped)}", param, ctx)
+        if self.hub_ids and not str(value).startswith("builtin:") and not path.is_dir():
+            return str(value)
         return str(path)
 
 
 MODEL_DIR = ModelDirType()
+MODEL_REF = ModelDirType(hub_ids=True)  # also a Hugging Face id (commands that only write configs for another runtime)
 BUILTIN_TARGET, BUILTIN_DRAFT = "builtin:tiny-qwen3", "builtin:tiny-qwen3-dflash"

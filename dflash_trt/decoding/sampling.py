@@ -202,7 +202,8 @@ def sample_tokens(
 def by_id(choose, logits: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor:
     """`choose(logits, ids)` with the columns in ascending token id (ties go to the lowest id), as columns."""
     order = vocab_ids.argsort()
-    return order[choose(logits.index_select(1, order), vocab_ids[order])]  # index_select: ~10x logits[:, order]
+    # index_select: a plain gather, where logits[:, order] takes advanced indexing's general path
+    return order[choose(logits.index_select(1, order), vocab_ids[order])]
 
 
 def sample_tokens_reference(logits, positions, temperature, top_k, top_p, seed, vocab_ids=None) -> torch.Tensor:

@@ -108,7 +108,7 @@ def verify_block_next(
 
 def emulated_verify_block_next(logits, drafts, start, temperature, top_k, top_p, seed, mask_token_id: int = 0):
     """`verify_block_next` through the CUDA kernels themselves, on emulated thread blocks (slow:
-    about 20 ms per logits row; for tests)."""
+    each CUDA thread a fiber on one host thread; for tests)."""
     return _verify(emulator().dfv_emu_verify, logits, drafts, start, temperature, top_k, top_p, seed, mask_token_id)
 
 

@@ -9,8 +9,8 @@
   scripts/gpu_check.sh or ``python -m dflash_trt.kernels.build_op``); an error if unavailable.
 - ``twin``: the kernels' C++ row code compiled for the host (CPU tensors).
 - ``auto`` (default): ``kernel`` for CUDA tensors when the op loads; for CPU tensors with sampled rows
-  the ``twin`` when it builds (g++ and the plugin sources: a source checkout), ~10x faster than the torch
-  code there; else ``reference``.
+  the ``twin`` when it builds (g++ and the plugin sources: a source checkout): one compiled pass per
+  row where the torch code runs many tensor ops; else ``reference``.
 
 `sample_tokens` is the same switch for the sampling rule alone (`dflash_trt.decoding.sampling`): the
 twin on CPU where it runs, else the torch reference (the CUDA op verifies blocks; single rows on CUDA

@@ -2,8 +2,8 @@
 
 The drafter proposes tokens through the target's lm_head. Scoring only the tokens the target
 actually emits (frequency-ranked, as EAGLE-3's reduced draft vocabulary and FR-Spec do) reads a
-fraction of the head's weights per step; on the 2-core CPU that weight read is a large share of a
-draft step. It is lossless: a token outside the draft vocabulary is never proposed, and the verify
+fraction of the head's weights per step, which pays where a draft step is bound by reading weights
+(CPUs). It is lossless: a token outside the draft vocabulary is never proposed, and the verify
 pass — always over the full vocabulary — decides every committed token.
 
 The file `dflash_trt_draft_vocab.json` sits in the drafter folder (z-lab's loader ignores it):

@@ -1,7 +1,7 @@
 """The public HTTP port of `dflash-trt serve`: a guarded ASGI front before Triton's own HTTP server.
 
-Why (measured on tritonserver 2.51, docs/reliability.md): ~300 KB of deeply nested JSON crashes the
-server in its JSON parser; out-of-range integers wrap and misspelled fields are ignored; a
+Why (tritonserver 2.51's behaviour, docs/reliability.md): deeply nested JSON crashes the server in
+its JSON parser; out-of-range integers wrap and misspelled fields are ignored; a
 non-streaming `/generate` whose client disconnects runs to the end. In front of it:
 - every body is bounded (`FrontLimits.max_body_bytes`, 413) and a JSON body (or the JSON header of a
   binary-tensor request) must parse within `max_json_depth` levels (400) before it is forwarded;
@@ -196,8 +196,8 @@ class GrpcGenerate:
 class Answer:
     """A generate request's gRPC stream: `iterator` yields (result | None, error | None); `close()` ends our
     side once the final response is in (the server then ends the stream itself); `cancel()` aborts it (the
-    client left, or the answer failed). Why both: tritonserver 2.51 keeps ~9.5 KB of every stream its client
-    cancels after the final response (15 B when our side is closed instead; measured, docs/reliability.md),
+    client left, or the answer failed). Why both: tritonserver 2.51 keeps memory of every stream its client
+    cancels after the final response, and next to none when our side is closed instead (docs/reliability.md),
     so a front that cancelled every finished answer grew the server's heap with each request."""
 
     def __init__(self, iterator, close, cancel):

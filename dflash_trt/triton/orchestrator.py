@@ -120,8 +120,8 @@ log = logging.getLogger(__name__)
 
 class Emitter:
     """One thread that talks to Triton for the scheduler: response sends, cancellation polls and
-    metric updates are IPC round trips to the server process (profiled at concurrency 8: ~40% of the
-    scheduler thread), so the scheduler only queues them and goes on decoding. FIFO keeps each
+    metric updates are IPC round trips to the server process that would stall the scheduler thread
+    under load, so the scheduler only queues them and goes on decoding. FIFO keeps each
     request's responses in order."""
 
     def __init__(self):

@@ -1,9 +1,9 @@
 """Keep a tritonserver serving: notice a dead server or a dead model process and restart, boundedly.
 
-Measured on tritonserver 2.51 (docs/reliability.md): when a model's Python stub dies (kill -9, OOM)
+tritonserver 2.51's behaviour (docs/reliability.md): when a model's Python stub dies (kill -9, OOM)
 the server keeps answering ready while every new request fails ("Stub process ... is not healthy"),
 and the requests in flight never get a final response. Reloading only that model (explicit model
-control: unload + load) serves new requests again in ~8 s, but the in-flight requests still hang and
+control: unload + load) serves new requests again, but the in-flight requests still hang and
 the dead model version is never released (the server's exit then times out). Restarting the server
 is the only way those clients get an answer (their connection closes: a clear error, not a hang), so
 that is what the supervisor does, for a dead server and a dead model process alike:

@@ -1,7 +1,7 @@
 """CPU passes through one C++ call per decoder layer (cpu_kernels/decoder_layer.cpp).
 
-An eager PyTorch layer at 1..16 rows is ~50 small ops, each a few to ~20 µs of dispatch, plus MKL's
-small-matrix setup per projection; on a 2-core CPU that, not arithmetic, is most of a decode step.
+An eager PyTorch layer at 1..16 rows is dozens of small ops, each paying its dispatch, plus MKL's
+small-matrix setup per projection; at decode sizes that overhead, not the arithmetic, bounds a step.
 The C++ layer does norm → q/k/v → q/k norm + RoPE → cache write → attention → o_proj → MLP in one
 call that streams each weight once. Its rows are independent (the same instruction sequence per
 row whatever the row count or batch), so a verify pass reproduces one-token decoding bit for bit.

@@ -122,7 +122,7 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
 
 def bf16_exact(weight: torch.Tensor) -> bool:
     """Whether every value of an fp32 weight is a bf16 value (its low 16 bits zero): a bf16 / fp16
-    checkpoint held in fp32 (runtime/local.py `held_dtype`; fp16 values mostly are not)."""
+    checkpoint held in fp32 (model/loader.py `held_dtype`; fp16 values mostly are not)."""
     return weight.dtype == torch.float32 and bool((weight.detach().contiguous().view(torch.int32) & 0xFFFF).eq(0).all())
 
 

@@ -15,5 +15,4 @@ package and the pinned version). Design, pins and upstream references: docs/trtl
     build         TrtllmBackend: fills a bundle folder (engine/backend.py's contract)
     runner        TrtllmTargetRunner over TensorRT-LLM's Executor; load_trtllm_runners
     llmapi        Triton `llmapi` repository for TensorRT-LLM's native DFlash
-    doctor        what this machine has, for `dflash-trt doctor`
 """

@@ -1,11 +1,11 @@
 // The CPU runtime's inference passes in C++ (fp32, Qwen3 / Llama 3.x shapes, one core): a whole
 // decoder layer per call for one or several sequences, the greedy heads (lazy verify, confident
-// drafts), RMSNorm and the projections they share. Loaded with ctypes by
-// dflash_trt/model/cpu_layers.py, which decides when a pass can use it.
+// drafts), RMSNorm and the projections they share. Built and loaded with ctypes by
+// dflash_trt/backends/cpu/ops.py; backends/cpu/layers.py decides when a pass can use it.
 //
-// Why: at decode sizes (1..16 rows, hidden ~200..4096) an eager PyTorch layer is ~50 small ops of
-// 3..20 us of dispatch each, plus MKL's small-matrix setup; here a layer is one call that streams
-// each weight once.
+// Why: at decode sizes (1..16 rows) an eager PyTorch layer is dozens of small ops, each paying its
+// dispatch, plus MKL's small-matrix setup per projection, and that overhead rather than the arithmetic
+// bounds a step; here a layer is one call that streams each weight once.
 //
 // Row independence (the lossless property this file keeps): every output element of every row is
 // computed by the same instruction sequence whatever the number of rows in the call, so a verify
@@ -30,7 +30,7 @@
 
 extern "C" {
 
-struct DflLayerWeights {  // pointers stay owned by the Python module (cpu_layers.LayerPlan keeps them alive)
+struct DflLayerWeights {  // pointers stay owned by the Python module (layers.LayerPlan keeps them alive)
   const float* input_norm;   // [H]
   // the four projections as panels (pack_panels): [ceil(n / 8), k, 8] for a weight [n, k]
   // panels hold fp32 values, or the bf16 (weight_format 1) / fp16 (2) bits of weights that are such values:
@@ -742,7 +742,7 @@ float log_top_probability(const float* v, int n, float* scratch) {
 }
 
 // log of one row's softmax at temperature t > 0 at column c: (s_c - max s) - log(sum exp(s - max s)),
-// s = v / t (the trust of a sampled draft, spec: model.draft_heads.confident_prefix); -inf when the
+// s = v / t (the trust of a sampled draft, spec: decoding.drafts.confident_prefix); -inf when the
 // row has a NaN or no finite maximum. scratch: n rounded up to 8 floats.
 float log_probability_at(const float* v, int n, int c, float t, float* scratch) {
   float top = -INFINITY;
@@ -771,7 +771,7 @@ typedef void (*DflSampleRows)(const void* logits, int32_t dtype, int64_t n, int3
                               const float* temperature, const int64_t* top_k, const float* top_p, const int64_t* seed,
                               const int64_t* ids, int64_t* out);
 
-struct DflSampling {  // one sampled sequence's rule for its coupled drafts (model.draft_heads.coupled_drafts)
+struct DflSampling {  // one sampled sequence's rule for its coupled drafts (decoding.drafts.coupled_drafts)
   DflSampleRows sample_rows;
   const int64_t* ids;  // [vocab] ascending token id of each head row (its noise, its tie order), or null
   float temperature;   // > 0
@@ -850,7 +850,7 @@ void dfl_sampled_trust(const float* logits, int32_t rows, int32_t vocab, const i
                                 temperature[r], scratch.data());
 }
 
-// Greedy verify of one block (spec.verify.verify_lazily at temperature 0): rows of hidden [rows, h]
+// Greedy verify of one block (backends/cpu/target.py verify_lazily at temperature 0): rows of hidden [rows, h]
 // through the head in chunks of first, first, 2 first, ... until a draft mismatches. tokens [rows]
 // gets the target's token of every row computed up to the first mismatch (the caller fills -1);
 // returns the number of accepted drafts (drafts [rows - 1]).
@@ -872,7 +872,7 @@ int32_t dfl_greedy_verify(const float* hidden, int32_t rows, int32_t h, const fl
   return rows - 1;
 }
 
-// Sampled verify of one block (spec.verify.verify_lazily for one row at temperature > 0): rows of hidden
+// Sampled verify of one block (backends/cpu/target.py verify_lazily, one row at temperature > 0): rows of hidden
 // [rows, h] through the head in chunks of first, first, 2 first, ...; row r's token is the sampling rule's
 // pick (`sampling`: the twin, position sampling->position + r) until a draft mismatches. tokens [rows] gets
 // the target's token of every row computed up to the first mismatch (the caller fills -1); returns the
@@ -898,7 +898,7 @@ int32_t dfl_sampled_verify(const float* hidden, int32_t rows, int32_t h, const f
   return rows - 1;
 }
 
-// Greedy drafts of one block with the confidence cut (model.draft_heads.confident_drafts for one row):
+// Greedy drafts of one block with the confidence cut (decoding.drafts.confident_drafts for one row):
 // tokens [k] = argmax of each slot's head row (indices into the head's rows). With log_floor = -inf
 // every slot is kept; otherwise slots are read in chunks (first, then the rest) and the drafts stop
 // after the last slot whose running sum of log top-probabilities is >= log_floor (at least one).
@@ -922,7 +922,7 @@ int32_t dfl_greedy_drafts(const float* hidden, int32_t k, int32_t h, const float
 
 extern "C" {
 
-struct DflDraftStep {  // pointers stay owned by the Python side (cpu_layers.DraftStep keeps them alive)
+struct DflDraftStep {  // pointers stay owned by the Python side (layers.DraftStep keeps them alive)
   const DflLayerWeights* const* layers;  // [n_layers] the drafter's decoder layers
   int32_t n_layers;
   const float* fc;           // panels of fc [H, fc_in]: target taps -> context features
@@ -937,7 +937,7 @@ struct DflDraftStep {  // pointers stay owned by the Python side (cpu_layers.Dra
   int32_t first;             // slots the confidence cut reads before deciding on the rest
 };
 
-// DFlashDraft.draft_block for one sequence in one call: the context features of the n_ctx rows
+// backends/cpu/draft.py draft_block for one sequence in one call: the context features of the n_ctx rows
 // committed since the last step (target_hidden [n_ctx, fc_in] -> fc -> norm), every layer over
 // [context ; block] (block [width, H]: the block's input rows, read only) with their K/V written at
 // positions start - n_ctx .. start + width - 1 of cache slot `slot` (layer i's cache at k_cache / v_cache
