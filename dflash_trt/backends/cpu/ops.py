@@ -161,14 +161,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
     return out
 
 
-def matmul_ready(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `matmul_nt` can take x [R, K] and weight [N, K]: contiguous fp32 CPU, `eager`."""
-    return (x.is_contiguous() and weight.is_contiguous() and eager()
-            and x.shape[-1] == weight.shape[-1] and library() is not None)
-
-
 def matmul_nt(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [R, K] @ weight[N, K]ᵀ -> [R, N] through the layer's row-independent projection (fp32 CPU)."""
+    """x [R, K] @ weight[N, K]ᵀ -> [R, N] through the layer's row-independent projection (fp32 CPU, contiguous;
+    the building block the layer's projections share, exposed for tests)."""
     out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
     library().dfl_matmul_nt(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), weight.shape[0], out.data_ptr())
     return out
