@@ -28,6 +28,19 @@ def random_requests(temperature: float, n: int = 50, seed: int = 0, vocab: int =
     return out
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch at one intra-op thread for a whole module, restored after it; request it with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`. Tiny models: intra-op threads only add overhead,
+    and stall badly when other jobs share the cores."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def make_requests():
     """`random_requests(temperature, n=50, seed=0)`: ragged random requests for the tiny random pair."""

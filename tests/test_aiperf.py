@@ -11,7 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 AIPERF = ROOT / os.environ.get("AIPERF_VENV", ".venv-aiperf") / "bin" / "aiperf"
-pytestmark = pytest.mark.skipif(not AIPERF.is_file(), reason="aiperf not installed: run scripts/setup_aiperf.sh")
+pytestmark = [pytest.mark.integration, pytest.mark.slow,
+              pytest.mark.skipif(not AIPERF.is_file(), reason="aiperf not installed: run scripts/setup_aiperf.sh")]
 
 
 def test_aiperf_profiles_the_openai_endpoint(front, served, tmp_path):

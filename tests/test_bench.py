@@ -4,19 +4,13 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from plot_checks import png_ok
 
 from dflash_trt.bench.plots import acceptance_histogram, pareto_plot
 from dflash_trt.bench.served import ServedPoint, scaling
 from dflash_trt.cli import cli
 
-plt_image = pytest.importorskip("matplotlib.image")
-
-
-def _png_ok(path, min_bytes=5_000):
-    assert path.is_file() and path.stat().st_size > min_bytes
-    pixels = plt_image.imread(str(path))
-    assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 300
-    assert pixels[..., :3].std() > 0.02, "plot is blank"
+pytest.importorskip("matplotlib.image")  # the plots need matplotlib
 
 
 def test_local_bench_writes_schema_and_histogram(tiny_pair, tmp_path):
@@ -37,7 +31,7 @@ def test_local_bench_writes_schema_and_histogram(tiny_pair, tmp_path):
         assert len(r["per_position_acceptance"]) == r["block_size"] - 1
         lo, hi = r["speedup_ci95"]
         assert lo <= r["speedup"] <= hi
-    _png_ok(tmp_path / "out" / "acceptance_histogram.png")
+    png_ok(tmp_path / "out" / "acceptance_histogram.png")
 
 
 def test_local_bench_takes_a_temperature_list_and_plots_tau_against_it(tiny_pair, tmp_path):
@@ -51,7 +45,7 @@ def test_local_bench_takes_a_temperature_list_and_plots_tau_against_it(tiny_pair
     assert [r["temperature"] for r in data["results"]] == [0.0, 0.7, 1.5]
     assert all(r["identical"] for r in data["results"])  # tokens equal AR's at every temperature
     assert data["sampling"]["temperatures"] == [0.0, 0.7, 1.5]
-    _png_ok(tmp_path / "out" / "tau_vs_temperature.png")
+    png_ok(tmp_path / "out" / "tau_vs_temperature.png")
     bad = CliRunner().invoke(cli, ["bench", "--temperature", "0,-1"])
     assert bad.exit_code == 2 and "numbers >= 0" in bad.output
 
@@ -60,8 +54,8 @@ def test_pareto_and_histogram_plots_render(tmp_path):
     points = [ServedPoint(model, c, 8, 2.0 / c ** 0.5, 400, 0.05 * c, 0.08 * c, 0.01 * c, 100.0 / c ** 0.3, 3.0,
                           [1, 2, 3, 4, 4, 5] * c)
               for model in ("dflash", "dflash_ar") for c in (1, 2, 4, 8)]
-    _png_ok(pareto_plot(points, tmp_path / "pareto.png"))
-    _png_ok(acceptance_histogram({"a": [1, 2, 2, 3], "b": [4, 4, 5]}, 6, tmp_path / "h.png"))
+    png_ok(pareto_plot(points, tmp_path / "pareto.png"))
+    png_ok(acceptance_histogram({"a": [1, 2, 2, 3], "b": [4, 4, 5]}, 6, tmp_path / "h.png"))
     ratios = scaling(points)
     assert ratios[1] == 1.0 and ratios[8] > ratios[2]
 

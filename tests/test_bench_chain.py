@@ -21,6 +21,7 @@ def _local_chain(pair, prompts: list[list[int]], max_new: int) -> list[int]:
     return answer
 
 
+@pytest.mark.integration
 def test_a_served_chain_hands_each_answer_to_the_next_call(served):
     from dflash_trt.bench.chain import run_chain
     from dflash_trt.bench.local import load_prompts
@@ -32,6 +33,7 @@ def test_a_served_chain_hands_each_answer_to_the_next_call(served):
     assert len(per_call) == 3 and seconds >= sum(per_call) and tokens >= len(answer)
 
 
+@pytest.mark.integration
 def test_bench_chain_cli_compares_both_models_and_writes_the_plot(served, tmp_path):
     from dflash_trt.cli import cli
 

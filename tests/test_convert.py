@@ -6,6 +6,7 @@ import shutil
 import pytest
 import torch
 from click.testing import CliRunner
+from convert_helpers import run_convert, with_random_biases
 from safetensors.torch import load_file
 from tiny_models import make_draft, make_target
 
@@ -14,7 +15,7 @@ from dflash_trt.checkpoint.hf import read_draft, read_target
 from dflash_trt.checkpoint.trtllm import load_rank, read_trtllm
 from dflash_trt.checkpoint.trtllm_config import read_trtllm_config
 from dflash_trt.cli import cli
-from dflash_trt.convert import CONFIG_FILE, ConvertConfig, convert
+from dflash_trt.convert import CONFIG_FILE, ConvertConfig
 from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.model.loader import load_pair
 from dflash_trt.runtime.local import generate
@@ -24,32 +25,7 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
 REQUESTS = [Request((5, 6, 7, 8), stop=StopCriteria(24)), Request((100, 3, 9), stop=StopCriteria(17))]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: intra-op threads only add overhead, and stall badly when other jobs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def run_convert(target, draft, out, **kw):
-    kw = {"dtype": "fp32", "calibrator": "builtin", "calib_samples": 4, "calib_seq_len": 16,
-          "calib_new_tokens": 8} | kw
-    config = ConvertConfig(str(target), str(draft), str(out), **kw)
-    convert(config)
-    return config
-
-
-def with_random_biases(hf, folder, seed=0):
-    """HF initializes biases to zero, which would hide a bias added twice or dropped; re-save random ones."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if name.endswith(".bias"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    hf.save_pretrained(folder)
-    return hf
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
+from convert_helpers import run_convert
 from safetensors.torch import load_file, save_file
-from test_convert import one_thread, run_convert  # noqa: F401  (autouse fixture)
 from tiny_models import make_draft, make_target
 
 import dflash_trt.convert.pipeline as convert_module
@@ -14,6 +14,8 @@ from dflash_trt.backends.torch.parallel import load_trtllm_pair
 from dflash_trt.cli import cli
 from dflash_trt.convert import ConvertConfig, convert
 from dflash_trt.errors import CheckpointError, ConfigError, DFlashTrtError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture()

@@ -6,9 +6,8 @@ import json
 
 import pytest
 import torch
+from convert_helpers import fp8_bound, nvfp4_bound, run_convert
 from safetensors.torch import load_file
-from test_convert import one_thread, run_convert  # noqa: F401  (autouse fixture)
-from test_quant_numerics import fp8_bound, nvfp4_bound
 
 from dflash_trt.backends.torch.parallel import load_trtllm_pair
 from dflash_trt.checkpoint.hf import read_draft, read_target
@@ -17,6 +16,7 @@ from dflash_trt.checkpoint.trtllm_names import TARGET_NAMES, hf_names_of, linear
 from dflash_trt.convert.calibrate import calibrate_pair, random_prompts, unfused_models
 
 mtq = pytest.importorskip("modelopt.torch.quantization")
+pytestmark = pytest.mark.usefixtures("one_thread")
 QUANT_SUFFIXES = ("weight", "weights_scaling_factor", "weights_scaling_factor_2")
 
 

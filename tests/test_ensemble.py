@@ -9,6 +9,8 @@ import urllib.request
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.integration  # every test here talks to the `served` tritonserver
+
 grpcclient = pytest.importorskip("tritonclient.grpc")
 
 

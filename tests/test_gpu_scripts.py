@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_gpu_lossless_short_cpu_tier_matches_ar(tmp_path):
     """The same cells a GPU run checks (batch, width, temperature), on CPU in fp32: identical to AR."""
     out = tmp_path / "lossless.json"

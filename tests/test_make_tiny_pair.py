@@ -10,6 +10,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "make_tiny_pair.py"
+pytestmark = pytest.mark.slow
 
 
 def _script():

@@ -14,10 +14,16 @@ import torch
 pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
+from draft_runners import GreedyDrafts  # noqa: E402
+
 from dflash_trt.backends.torch.runners import TorchDraftRunner, TorchTargetRunner  # noqa: E402
 from dflash_trt.backends.trtllm.draft_runner import ort_draft_runner  # noqa: E402
 from dflash_trt.backends.trtllm.io_spec import DraftGraphSpec  # noqa: E402
-from dflash_trt.backends.trtllm.onnx_export import GRAPH_FILES, export_draft_graphs, spec_for  # noqa: E402
+from dflash_trt.backends.trtllm.onnx_export import (  # noqa: E402
+    GRAPH_FILES,
+    export_draft_graphs,
+    spec_for,
+)
 from dflash_trt.decoding.requests import Request, StopCriteria  # noqa: E402
 from dflash_trt.decoding.sampling import SamplingParams  # noqa: E402
 from dflash_trt.runtime.generate import decode  # noqa: E402
@@ -57,19 +63,6 @@ def _export(pair, folder: Path, sampled: bool = False) -> DraftGraphSpec:
     spec = spec_for(pair.draft, pair.target, block_size, MAX_SEQ + block_size + 1, SLOTS, "fp32", sampled)
     export_draft_graphs(pair.draft, pair.target, spec, folder)
     return spec
-
-
-class GreedyDrafts:
-    """A torch draft runner proposing greedy drafts for every row, as the ONNX graphs do."""
-
-    def __init__(self, runner):
-        self.runner = runner
-
-    def __getattr__(self, name):
-        return getattr(self.runner, name)
-
-    def propose(self, *args):
-        return self.runner.propose(*args[:4])
 
 
 def _requests(vocab: int, seed: int = 0) -> list[Request]:
@@ -161,6 +154,7 @@ def test_onnx_draft_decode_is_token_identical_to_torch(exported, schedule):
     assert widths <= set(range(1, full + 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target,draft", [("tiny-qwen3", "tiny-qwen3-dflash")])
 def test_onnx_draft_decode_on_the_shipped_pair(target, draft, tmp_path):
     """Greedy graphs, then sampled ones: on the trained pair the sampled rows' coupled drafts (the same as

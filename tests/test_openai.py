@@ -7,6 +7,8 @@ non-streamed answer, and what the server cannot honour is refused in OpenAI's er
 
 import pytest
 
+pytestmark = pytest.mark.integration  # every test here talks to the `served` tritonserver
+
 openai = pytest.importorskip("openai")
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from test_convert import one_thread  # noqa: F401  (autouse fixture)
+from convert_helpers import fp8_bound, nvfp4_bound
 
 from dflash_trt.checkpoint.quant import numerics as nq
 from dflash_trt.checkpoint.quant.modes import HANDLERS, get_handler, kv_cache_scale
@@ -10,6 +10,7 @@ from dflash_trt.errors import ConfigError
 
 mo_qtensor = pytest.importorskip("modelopt.torch.quantization.qtensor")
 mo_tensor_quant = pytest.importorskip("modelopt.torch.quantization.tensor_quant")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TIES = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.75, -2.5, 6.0, 7.0, 0.1, -0.0, 0.0, 3.0, -5.0]
 
@@ -21,19 +22,6 @@ def _weights(dtype=torch.float32) -> torch.Tensor:
     w[3, :16] = 0
     w[5, :16] = torch.tensor(TIES) / 7.0 * w[5].abs().max()
     return w.to(dtype)
-
-
-def fp8_bound(w, scale):
-    """e4m3: half an ulp (2^-4 relative) in the normal range, 2^-10 * scale among subnormals."""
-    return torch.maximum(w.abs() * 2.0**-4, scale * 2.0**-10) * (1 + 1e-6)
-
-
-def nvfp4_bound(w, block_scales, global_scale):
-    """Half the e2m1 gap around |w| / s, or the overshoot past 6 when the block scale rounded down."""
-    s = (block_scales.float() * global_scale).repeat_interleave(nq.NVFP4_BLOCK, dim=-1)
-    y = w.abs() / s
-    half_gap = torch.where(y < 2, 0.25, torch.where(y < 4, 0.5, 1.0))
-    return s * torch.maximum(half_gap, y - 6) * (1 + 1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

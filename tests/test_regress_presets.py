@@ -2,11 +2,13 @@
 
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from dflash_trt.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # a whole `dflash-trt regress` run of the CPU preset
 
 
 def test_cpu_preset_matches_committed_baseline(monkeypatch):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # fuzz / soak: real servers, minutes
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 

@@ -18,7 +18,7 @@ from dflash_trt.runtime.build import build
 from dflash_trt.triton.repository import publish
 from dflash_trt.triton.server import Ports, model_processes, server_pids
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # `dflash-trt serve` processes, killed and restarted
 
 
 @pytest.fixture(scope="module")

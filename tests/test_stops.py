@@ -88,6 +88,7 @@ class CountingDecode:
         return "".join(chr(97 + i % 26) for i in ids)
 
 
+@pytest.mark.slow
 def test_work_per_token_does_not_grow_with_text_or_stop_strings():
     """2,000 tokens against 2,000 stop strings of 200 characters: each token decodes a window of a
     couple of tokens and scans its one new character, not the whole text times the stop strings."""

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_convert import one_thread, run_convert, with_random_biases  # noqa: F401  (autouse fixture)
+from convert_helpers import run_convert, with_random_biases
 from tiny_models import make_draft, make_target
 
 from dflash_trt.backends.torch.parallel import load_trtllm_pair
@@ -13,6 +13,8 @@ from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.decoding.sampling import SamplingParams
 from dflash_trt.runtime.local import generate
 from dflash_trt.runtime.tp import TPJob, tp_generate
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 REQUESTS = (
     Request((5, 6, 7, 8), stop=StopCriteria(10)),
@@ -41,6 +43,7 @@ def checkpoints(tiny_pair, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_tp2_over_gloo_gives_the_same_tokens_as_tp1(checkpoints):
     jobs = [TPJob(str(checkpoints[name, 2] / "target"), str(checkpoints[name, 2] / "draft"), REQUESTS, 4)
             for name in CASES]

@@ -13,6 +13,8 @@ from dflash_trt.errors import ConfigError
 from dflash_trt.train.blocks import block_attention_mask, sample_blocks
 from dflash_trt.train.trainer import TrainDraftConfig
 
+pytestmark = pytest.mark.slow  # trains drafters
+
 
 def _data(path, n=48, length=40):
     g = torch.Generator().manual_seed(0)

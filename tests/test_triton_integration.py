@@ -246,7 +246,7 @@ def test_stop_words_cut_text_and_stream_never_takes_text_back(served):
 def test_served_bench_sweeps_both_models_and_writes_schema_and_plots(served, tmp_path):
     """`dflash-trt bench --url`: one run, dflash and dflash_ar side by side at each concurrency."""
     from click.testing import CliRunner
-    from test_bench import _png_ok
+    from plot_checks import png_ok
 
     from dflash_trt.cli import cli
 
@@ -267,8 +267,8 @@ def test_served_bench_sweeps_both_models_and_writes_schema_and_plots(served, tmp
         assert (p["mean_acceptance_length"] > 1) == (model == "dflash")  # the shipped pair accepts drafts
         assert (len(p["per_position_acceptance"]) > 0) == (model == "dflash")
     assert data["dflash_scaling_vs_c1"]["1"] == 1.0
-    _png_ok(out / "pareto.png")
-    _png_ok(out / "acceptance_histogram.png")
+    png_ok(out / "pareto.png")
+    png_ok(out / "acceptance_histogram.png")
 
 
 def test_served_bench_rounds_alternate_the_models_and_pool_each_point(served, tmp_path):

@@ -83,9 +83,8 @@ def test_runner_decodes_losslessly_against_the_engine_contract(loaded_tiny_pair,
     runner, emulator = _runner(pair)
     draft = ort_draft_runner(tmp_path, SLOTS)
     got = decode(runner, draft, requests, SLOTS, block_size_schedule=schedule)
-    from test_onnx_draft import (
-        GreedyDrafts,  # the graphs draft greedily for sampled rows too
-    )
+    # the graphs draft greedily for sampled rows too
+    from draft_runners import GreedyDrafts
 
     reference = decode(TorchTargetRunner(pair.target, SLOTS, capacity, d.target_layer_ids),
                        GreedyDrafts(TorchDraftRunner(pair.draft, pair.target, SLOTS, capacity, d.block_size)), requests,

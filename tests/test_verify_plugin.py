@@ -324,6 +324,7 @@ def test_emulated_kernels_on_adversarial_rows():
 # nvcc: the kernels compile for every GPU the routes accept (sm_80 .. sm_121 + PTX), warnings as errors
 # ---------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_kernels_compile_for_every_accepted_gpu_without_warnings(nvcc_job):
     if nvcc_job is None or isinstance(nvcc_job, str):
         pytest.skip(nvcc_job or "nvcc not on PATH")
@@ -359,6 +360,7 @@ def test_cmake_defaults_are_the_python_list():
     assert archs.cmake_architectures().split(";") == [f"{a}-real" for a in sass] + [f"{a}-virtual" for a in ptx]
 
 
+@pytest.mark.slow
 def test_cmake_finds_tensorrt_through_trt_root_and_fails_loudly_when_required(tmp_path):
     """NVIDIA's Triton TensorRT-LLM images set TRT_ROOT=/usr/local/tensorrt (tensorrtllm_backend
     dockerfile/Dockerfile.triton.trt_llm_backend@8addf2f); -DDFLASH_VERIFY_REQUIRE_TRT=ON must fail without headers."""

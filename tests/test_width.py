@@ -2,6 +2,8 @@
 
 from dataclasses import replace
 
+import pytest
+
 from dflash_trt.decoding.autoregressive import autoregressive_generate
 from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.runtime.service import DFlashService, ServiceLimits
@@ -365,6 +367,7 @@ def test_an_arm_timed_once_is_rechecked_soon():
     assert chosen[-20:].count(1) >= 18, chosen  # AR rechecked soon, then held
 
 
+@pytest.mark.slow
 def test_a_burst_of_slow_ar_steps_does_not_hand_the_batch_to_a_losing_width():
     """A batch's first AR steps after admitting requests run ~2x (served in process, 4 rows: 4.4-5.3 ms against
     2.2-2.4, a dozen steps at a time). Timed by the median of its last 7 steps, the AR arm read 4.2 ms after such
