@@ -66,6 +66,7 @@ class GenerationResult:
     accepted_drafts: list[int] = field(default_factory=list)  # drafts accepted per verify step (a)
     text: str | None = None
     draft_tokens: int = 0  # drafts proposed over all verify steps (TensorRT-LLM's total_draft_tokens)
+    cached_tokens: int = 0  # prompt tokens restored from the prefix cache instead of prefilled
 
 
 class Row:
@@ -78,6 +79,7 @@ class Row:
         self.acceptance_lengths: list[int] = []
         self.accepted_drafts: list[int] = []
         self.draft_tokens = 0
+        self.cached_tokens = 0
         self.stop_text: tuple[IncrementalText, StopScanner] | None = None
         if request.stop.stop_strings:
             if detokenize is None:
@@ -123,7 +125,7 @@ class Row:
             text = cut_at_stop_string(self.detokenize(self.tokens), self.request.stop.stop_strings)
         return GenerationResult(
             list(self.tokens), self.finish_reason or "length",
-            self.acceptance_lengths, self.accepted_drafts, text, self.draft_tokens,
+            self.acceptance_lengths, self.accepted_drafts, text, self.draft_tokens, self.cached_tokens,
         )
 
 

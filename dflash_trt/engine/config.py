@@ -56,6 +56,10 @@ class RuntimeConfig:
     # to plain AR steps where drafting measures slower (a lone greedy request keeps the schedule's width).
     # "auto" (default): measured on CPU, where verify rows cost; the schedule on GPUs, where they are ~free.
     width_policy: str = "auto"
+    # Prefix cache (runtime/prefix_cache.py): bytes of K/V (the target's and the drafter's context) kept for
+    # blocks of finished requests' committed tokens, so a request whose prompt starts with them prefills only
+    # the rest. 0: off.
+    prefix_cache_bytes: int = 256 << 20
 
 
 @dataclass
@@ -132,6 +136,9 @@ def _check(cfg: BuildConfig, where: str) -> None:
         bad("runtime.draft_confidence", f"expected a probability in [0, 1) (0 = full blocks), got {conf!r}")
     if cfg.runtime.width_policy not in WIDTH_POLICIES:
         bad("runtime.width_policy", f"expected one of {', '.join(WIDTH_POLICIES)}, got {cfg.runtime.width_policy!r}")
+    cache = cfg.runtime.prefix_cache_bytes
+    if not (isinstance(cache, int) and not isinstance(cache, bool) and cache >= 0):
+        bad("runtime.prefix_cache_bytes", f"expected a number of bytes >= 0 (0 = off), got {cache!r}")
     if not isinstance(cfg.runtime.sampled_requests, bool):
         bad("runtime.sampled_requests", f"expected true or false, got {cfg.runtime.sampled_requests!r}")
     vocab = cfg.runtime.draft_vocab_size

@@ -83,3 +83,38 @@ class KVCache:
             n = slots.numel()
             return self.k[layer, first : first + n, :, :length], self.v[layer, first : first + n, :, :length]
         return self.k[layer, slots, :, :length], self.v[layer, slots, :, :length]
+
+
+class BlockPool:
+    """K/V of fixed-size blocks of positions, kept apart from any slot: a prefix cache's storage.
+
+    Layout: k, v [n_layers, n_blocks, n_kv_heads, block, head_dim], the cache's own per-slot layout cut into
+    blocks, so saving a slot's block or restoring it into another slot is one copy per block. Allocated
+    empty (untouched pages cost no memory until a block is written).
+    """
+
+    def __init__(self, like: KVCache, n_blocks: int, block: int):
+        n_layers, _, kv_heads, _, head_dim = like.k.shape
+        shape = (n_layers, n_blocks, kv_heads, block, head_dim)
+        self.k = torch.empty(shape, dtype=like.k.dtype, device=like.k.device)
+        self.v = torch.empty(shape, dtype=like.v.dtype, device=like.v.device)
+        self.block = block
+
+    @staticmethod
+    def bytes_per_block(like: KVCache, block: int) -> int:
+        n_layers, _, kv_heads, _, head_dim = like.k.shape
+        return 2 * n_layers * kv_heads * block * head_dim * like.k.element_size()
+
+    def save(self, cache: KVCache, slot: int, blocks: list[tuple[int, int]]) -> None:
+        """Copy the slot's positions [i * block, (i + 1) * block) into pool block b, for each (i, b)."""
+        for i, b in blocks:
+            lo = i * self.block
+            self.k[:, b] = cache.k[:, slot, :, lo : lo + self.block]
+            self.v[:, b] = cache.v[:, slot, :, lo : lo + self.block]
+
+    def load(self, cache: KVCache, slot: int, ids: list[int]) -> None:
+        """Restore pool blocks `ids` as the slot's positions 0 .. len(ids) * block - 1."""
+        for i, b in enumerate(ids):
+            lo = i * self.block
+            cache.k[:, slot, :, lo : lo + self.block] = self.k[:, b]
+            cache.v[:, slot, :, lo : lo + self.block] = self.v[:, b]

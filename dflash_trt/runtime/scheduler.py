@@ -26,6 +26,7 @@ import torch
 
 from dflash_trt.decoding.requests import Detokenize, GenerationResult, Request, Row
 from dflash_trt.decoding.sampling import params_tensors
+from dflash_trt.runtime.prefix_cache import BLOCK, PrefixCache
 from dflash_trt.runtime.runner import DraftRunner, TargetRunner
 from dflash_trt.runtime.width import MeasuredWidth, policy_for, resolve_policy, temperature_band
 
@@ -40,6 +41,7 @@ class ServiceLimits:
     block_size_schedule: dict[int, int] | None = None  # {batch size: smaller block size} for busy steps
     draft_confidence: float = 0.0  # > 0: verify only the drafts the drafter trusts this much
     width_policy: str = "auto"  # runtime/width.py: "schedule", "measured", "auto" (measured on CPU)
+    prefix_cache_bytes: int = 0  # K/V kept for prompts' cached prefixes (runtime/prefix_cache.py); 0: off
 
 
 @dataclass
@@ -66,6 +68,7 @@ class StepStats:
     waiting: int = 0  # requests queued for a slot
     drafts: int = 0  # draft tokens proposed per row this step (K; 0 for an AR step)
     accepted: list[int] = field(default_factory=list)  # drafts accepted per row (before stops)
+    cached_tokens: int = 0  # prompt tokens the admitted requests restored from the prefix cache
 
 
 Sink = Callable[[Event], None]
@@ -102,6 +105,7 @@ class Sequence:
             "total_s": now - self.submitted_at,
             "verify_steps": len(steps),
             "mean_acceptance_length": sum(steps) / len(steps) if steps else 0.0,
+            "cached_tokens": self.row.cached_tokens,
         }
 
 
@@ -109,7 +113,8 @@ class Scheduler:
     def __init__(self, target: TargetRunner, draft: DraftRunner | None, n_slots: int, capacity: int,
                  detokenize: Detokenize | None = None, max_prefill_batch: int = 8, device="cpu",
                  on_step: Callable[[StepStats], None] | None = None,
-                 block_size_schedule: dict[int, int] | None = None, width_policy: str = "auto"):
+                 block_size_schedule: dict[int, int] | None = None, width_policy: str = "auto",
+                 prefix_cache_bytes: int = 0):
         self.target, self.draft, self.capacity = target, draft, capacity
         self.detokenize, self.max_prefill_batch, self.device = detokenize, max_prefill_batch, device
         self.on_step = on_step
@@ -123,6 +128,8 @@ class Scheduler:
         self.wakeup = threading.Condition()
         self.stopping = False
         self._admitting: list[Sequence] = []  # popped from waiting, not yet running (for failures)
+        self.prefix = self._prefix_cache(prefix_cache_bytes)
+        self._restored = 0  # prompt tokens restored from the prefix cache in this step's admissions
 
     @classmethod
     def from_limits(cls, target: TargetRunner, draft: DraftRunner | None, limits: ServiceLimits,
@@ -131,7 +138,20 @@ class Scheduler:
         block = draft.block_size if draft is not None else 1
         return cls(target, draft, limits.max_batch_size, limits.max_seq_len + block + 1, detokenize,
                    device=target.device, on_step=on_step, block_size_schedule=limits.block_size_schedule,
-                   width_policy=limits.width_policy)
+                   width_policy=limits.width_policy, prefix_cache_bytes=limits.prefix_cache_bytes)
+
+    def _prefix_cache(self, budget: int) -> PrefixCache | None:
+        """The prefix cache's index, its blocks' pools set up in the runners, or None (off, no room for a
+        block, or a runner without pools)."""
+        runners = [r for r in (self.target, self.draft) if r is not None]
+        if budget <= 0 or not all(hasattr(r, "enable_prefix_cache") for r in runners):
+            return None
+        n_blocks = budget // sum(r.prefix_block_bytes(BLOCK) for r in runners)
+        if n_blocks < 1:
+            return None
+        for runner in runners:
+            runner.enable_prefix_cache(n_blocks, BLOCK)
+        return PrefixCache(n_blocks)
 
     @property
     def measured(self) -> MeasuredWidth | None:
@@ -201,7 +221,7 @@ class Scheduler:
         if self.on_step is not None:
             try:
                 self.on_step(StepStats(len(committed), admitted, t1 - t0, draft_s, verify_s, committed,
-                                       len(self.running), len(self.waiting), drafts, accepted))
+                                       len(self.running), len(self.waiting), drafts, accepted, self._restored))
             except Exception:  # noqa: BLE001 - metrics must never stop decoding
                 log.exception("on_step callback failed")
 
@@ -237,6 +257,7 @@ class Scheduler:
     def _finish(self, seq: Sequence, cancelled: bool = False) -> None:
         if seq.row.finish_reason is None:
             seq.row.finish_reason = "cancelled" if cancelled else "length"
+        self._keep_prefix(seq)
         self.running.pop(seq.slot, None)
         self.free_slots.append(seq.slot)
         seq.emit(Event([], finished=True, cancelled=cancelled, result=seq.row.result(), stats=seq.stats()))
@@ -245,6 +266,7 @@ class Scheduler:
         return params_tensors([s.request.params for s in seqs], self.device)
 
     def _admit(self) -> int:
+        self._restored = 0
         with self.wakeup:
             n = min(len(self.free_slots), len(self.waiting), self.max_prefill_batch)
             seqs = [self.waiting.popleft() for _ in range(n)]
@@ -255,6 +277,9 @@ class Scheduler:
             seq.slot = self.free_slots.pop(0)
         slots = torch.tensor([s.slot for s in seqs], device=self.device)
         extra = {"bans": [s.request.bans([]) for s in seqs]} if any(s.request.bad_words for s in seqs) else {}
+        if self.prefix is not None:
+            extra["cached"] = [self._restore_prefix(seq) for seq in seqs]
+            self._restored = sum(extra["cached"])
         first, taps, positions, lengths = self.target.prefill(slots, [s.request.prompt for s in seqs],
                                                               self._sampling(seqs), **extra)
         if self.draft is not None:
@@ -267,6 +292,33 @@ class Scheduler:
             self.running[seq.slot] = seq
             self._commit(seq, [token])
         return n
+
+    def _restore_prefix(self, seq: Sequence) -> int:
+        """Restore the longest cached prefix of the request's prompt into its slot (target K/V and the drafter's
+        context alike; the last prompt token always runs: its logits choose the first new token); -> tokens."""
+        prompt = seq.request.prompt
+        ids = self.prefix.match(prompt, len(prompt) - 1)
+        if ids:
+            for runner in (self.target, self.draft):
+                if runner is not None:
+                    runner.load_prefix(seq.slot, ids)
+        seq.row.cached_tokens = len(ids) * BLOCK
+        return seq.row.cached_tokens
+
+    def _keep_prefix(self, seq: Sequence) -> None:
+        """Cache a finishing request's committed blocks: positions before its bonus token, whose K/V are final,
+        and (with a drafter) whose context K/V the draft runner has stored."""
+        if self.prefix is None or seq.slot is None:
+            return
+        tokens = seq.request.prompt + tuple(seq.row.tokens)
+        final = min(seq.start, len(tokens))  # tokens after a stop inside a block are not the sequence's
+        if self.draft is not None:
+            final = min(final, self.draft.stored_length(seq.slot))
+        blocks = self.prefix.insert(tokens, final)
+        if blocks:
+            for runner in (self.target, self.draft):
+                if runner is not None:
+                    runner.save_prefix(seq.slot, blocks)
 
     def verify_width(self, batch: int, bands: list[int] | None = None) -> int:
         """Block size for a step of `batch` rows in temperature `bands` (1: verify the bonus token alone, an

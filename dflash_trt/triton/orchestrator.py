@@ -239,7 +239,8 @@ class Orchestrator:
                                     int(params.get("max_seq_len", runtime["max_seq_len"])), block_size,
                                     schedule if block_size > 1 else None,
                                     draft_confidence=float(runtime.get("draft_confidence", 0.0)),
-                                    width_policy=params.get("width_policy") or runtime.get("width_policy", "auto"))
+                                    width_policy=params.get("width_policy") or runtime.get("width_policy", "auto"),
+                                    prefix_cache_bytes=int(runtime.get("prefix_cache_bytes", 0)))
         self.metrics = Metrics(pb, self.limits.block_size, config["name"])
         self.emitter = Emitter()
         on_step = lambda step: self.emitter.post(lambda: self.metrics.on_step(step))  # noqa: E731

@@ -19,11 +19,34 @@ from dflash_trt.decoding.bad_words import mask_banned
 from dflash_trt.decoding.batch import pad_prompts
 from dflash_trt.decoding.drafts import DraftOps, propose
 from dflash_trt.kernels import Kernels, select
+from dflash_trt.model.kv_cache import BlockPool
 
 Sampling = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # temperature, top_k, top_p, seed [B]
 
 
-class TorchTargetRunner:
+class PrefixBlocks:
+    """A runner's side of the prefix cache (runtime/prefix_cache.py): its cache's K/V of cached blocks, kept in a
+    block pool the scheduler's index addresses by id. Mixed into both runners: the target keeps its K/V, the
+    drafter its context K/V, of the same positions."""
+
+    pool: BlockPool | None = None
+
+    def prefix_block_bytes(self, block: int) -> int:
+        return BlockPool.bytes_per_block(self.cache, block)
+
+    def enable_prefix_cache(self, n_blocks: int, block: int) -> None:
+        self.pool = BlockPool(self.cache, n_blocks, block)
+
+    def save_prefix(self, slot: int, blocks: list[tuple[int, int]]) -> None:
+        """Keep the slot's committed positions of block i in pool block b, for each (i, b)."""
+        self.pool.save(self.cache, slot, blocks)
+
+    def load_prefix(self, slot: int, ids: list[int]) -> None:
+        """Restore pool blocks `ids` as the slot's first positions (before its prompt's prefill)."""
+        self.pool.load(self.cache, slot, ids)
+
+
+class TorchTargetRunner(PrefixBlocks):
     supports_bad_words = True  # prefill / verify take `bans` (decoding/bad_words.py)
 
     def __init__(self, target, n_slots: int, capacity: int, tap_layers: tuple[int, ...], kernels: Kernels | None = None):
@@ -38,10 +61,16 @@ class TorchTargetRunner:
         return self.target(tokens, positions, self.cache, slots, self.tap_layers, logit_rows, head)
 
     @torch.inference_mode()
-    def prefill(self, slots: torch.Tensor, prompts: list[tuple[int, ...]], sampling: Sampling, bans=None):
-        """-> first tokens [B], taps [B, T, n*H], positions [B, T], lengths [B]."""
-        tokens, positions, lengths = pad_prompts(prompts, self.device)
-        logits, taps = self.forward(tokens, positions, slots, logit_rows=(lengths - 1)[:, None])
+    def prefill(self, slots: torch.Tensor, prompts: list[tuple[int, ...]], sampling: Sampling, bans=None,
+                cached: list[int] | None = None):
+        """-> first tokens [B], taps [B, T, n*H], positions [B, T], lengths [B] (full prompt lengths). `cached`:
+        each row's first positions already in its slot (a prefix-cache hit): only the rest runs, and the taps
+        and positions returned are the rest's."""
+        cached = cached or [0] * len(prompts)
+        tokens, positions, rest = pad_prompts([p[c:] for p, c in zip(prompts, cached)], self.device)
+        offsets = torch.tensor(cached, dtype=torch.int64, device=self.device)
+        positions, lengths = positions + offsets[:, None], rest + offsets
+        logits, taps = self.forward(tokens, positions, slots, logit_rows=(rest - 1)[:, None])
         self.cache.crop(slots, lengths)
         if bans is not None:
             mask_banned(logits, bans)
@@ -83,7 +112,7 @@ def merge_context(parts: list[tuple]) -> tuple | None:
     return parts[-1][0], hidden, positions.gather(1, order), kept
 
 
-class TorchDraftRunner:
+class TorchDraftRunner(PrefixBlocks):
     def __init__(self, draft, target, n_slots: int, capacity: int, block_size: int, min_confidence: float = 0.0,
                  kernels: Kernels | None = None):
         self.draft, self.target, self.block_size = draft, target, block_size
@@ -142,3 +171,16 @@ class TorchDraftRunner:
 
     def commit(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
         self.cache.crop(slots, lengths)  # lengths only: a pending context stays pending
+
+    def stored_length(self, slot: int) -> int:
+        """Positions 0 .. n-1 of the slot hold final context K/V (later committed ones are still pending)."""
+        pending = [int(positions[row][valid[row]].min()) for slots, _, positions, valid in self.pending
+                   for row, s in enumerate(slots.tolist()) if s == slot and bool(valid[row].any())]
+        return min(pending, default=int(self.cache.lengths[slot]))
+
+    def load_prefix(self, slot: int, ids: list[int]) -> None:
+        """Pending contexts are stored first: one of a finished request in this slot must not land on the
+        restored blocks."""
+        self._store(merge_context(self.pending))
+        self.pending = []
+        super().load_prefix(slot, ids)
