@@ -74,6 +74,24 @@ def test_streamed_chat_adds_up_to_the_answer_and_uses_the_chat_template(client, 
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
 
 
+def test_multi_turn_chat_restores_the_conversation_so_far(client, served):
+    """Each turn resends the whole conversation (a long system prompt, the answers so far): every turn after
+    the first reports the restored prefix in usage.prompt_tokens_details.cached_tokens, and every answer is
+    local greedy decoding of that turn's chat-templated prompt."""
+    pair = served[1]
+    system = "You are a careful Python programmer. " * 12
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "def parse(text):"}]
+    for turn in range(3):
+        out = client.chat.completions.create(model="dflash", messages=messages, max_tokens=20, temperature=0)
+        ids = pair.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        answer = out.choices[0].message.content
+        assert answer == pair.tokenizer.decode(_local(pair, ids, 20), skip_special_tokens=True)
+        cached = out.usage.prompt_tokens_details.cached_tokens
+        assert cached <= out.usage.prompt_tokens - 1 and (turn == 0 or cached >= 64), (turn, cached)
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"def step_{turn}(x):"}]
+
+
 def test_streamed_completion_with_stop(client, served):
     pieces = list(client.completions.create(model="dflash", prompt="for i in range(10):\n", max_tokens=40,
                                             temperature=0, stream=True, stop=["\n"]))

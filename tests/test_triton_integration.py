@@ -212,6 +212,28 @@ def test_speculative_decoding_counters_follow_vllms_names(served):
     assert 0 < delta[names[3]] <= delta[names[0]]  # position 1 accepted at most once per step
 
 
+def test_a_repeated_prefix_is_restored_and_counted(served):
+    """A prompt that starts with a finished request's sequence: the server restores its cached blocks (the
+    `cached_tokens` output), decodes the tokens of local AR all the same, and counts queries, hits, bytes held
+    and the warm requests' acceptance on the metrics port."""
+    server, pair, _ = served
+    prefix = "".join(PROMPTS) * 3  # several blocks of 16 tokens
+    names = ("dflash_prefix_cache_queries{", "dflash_prefix_cache_hits{",
+             'dflash_verify_steps_by_prefix{model="dflash",prefix="warm"}')
+    before = {n: _metric(server, n) for n in names}
+    first = grpc_generate(server.grpc_url, request_inputs(prefix, max_tokens=24, ignore_eos=True))
+    inputs = request_inputs(prefix + pair.tokenizer.decode(first.token_ids), max_tokens=24, ignore_eos=True)
+    again = grpc_generate(server.grpc_url, inputs)
+    assert again.cached_tokens >= 16 * (len(pair.tokenizer.encode(prefix)) // 16 - 1)
+    assert again.token_ids == expected_tokens(pair, [inputs])[0]
+    deadline = time.time() + 10
+    while time.time() < deadline and _metric(server, names[2]) == before[names[2]]:
+        time.sleep(0.1)  # metric updates go through the emitter thread
+    delta = {n: _metric(server, n) - before[n] for n in names}
+    assert delta[names[1]] >= again.cached_tokens and delta[names[0]] >= delta[names[1]]
+    assert delta[names[2]] >= len(again.acceptance_lengths) and _metric(server, "dflash_prefix_cache_usage_bytes{") > 0
+
+
 def test_refused_requests_count_as_failures_and_finished_ones_by_reason(served):
     """Triton counts a decoupled model's error response as a success; dflash_request_failure_total does not."""
     server, _, _ = served

@@ -20,13 +20,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from dflash_trt.decoding.requests import Detokenize, GenerationResult, Request, Row
 from dflash_trt.decoding.sampling import params_tensors
-from dflash_trt.runtime.prefix_cache import BLOCK, PrefixCache
+from dflash_trt.runtime.prefix_cache import BLOCK, PrefixCache, PrefixStats
 from dflash_trt.runtime.runner import DraftRunner, TargetRunner
 from dflash_trt.runtime.width import MeasuredWidth, policy_for, resolve_policy, temperature_band
 
@@ -69,6 +69,9 @@ class StepStats:
     drafts: int = 0  # draft tokens proposed per row this step (K; 0 for an AR step)
     accepted: list[int] = field(default_factory=list)  # drafts accepted per row (before stops)
     cached_tokens: int = 0  # prompt tokens the admitted requests restored from the prefix cache
+    warm: list[bool] = field(default_factory=list)  # per running row: its prompt restored a cached prefix
+    prefix: PrefixStats | None = None  # the prefix cache's totals (None: no prefix cache)
+    prefix_bytes: int = 0  # bytes of K/V the prefix cache holds
 
 
 Sink = Callable[[Event], None]
@@ -213,15 +216,18 @@ class Scheduler:
             t0 = time.perf_counter()
             admitted = self._admit()
             t1 = time.perf_counter()
-            draft_s, verify_s, committed, drafts, accepted = self._decode() if self.running else (0.0, 0.0, [], 0, [])
+            step = self._decode() if self.running else (0.0, 0.0, [], 0, [], [])
+            draft_s, verify_s, committed, drafts, accepted, warm = step
         except Exception as exc:  # noqa: BLE001 - report to the affected requests, keep serving
             log.exception("decode step failed")
             self._fail_running(f"internal error in the decode step: {exc!r}")
             return
         if self.on_step is not None:
             try:
+                prefix = None if self.prefix is None else replace(self.prefix.stats)
                 self.on_step(StepStats(len(committed), admitted, t1 - t0, draft_s, verify_s, committed,
-                                       len(self.running), len(self.waiting), drafts, accepted, self._restored))
+                                       len(self.running), len(self.waiting), drafts, accepted, self._restored, warm,
+                                       prefix, self._prefix_bytes()))
             except Exception:  # noqa: BLE001 - metrics must never stop decoding
                 log.exception("on_step callback failed")
 
@@ -338,8 +344,15 @@ class Scheduler:
             self._finish(seq, cancelled=seq.cancelled and not seq.row.done)
         return kept
 
-    def _decode(self) -> tuple[float, float, list[int], int, list[int]]:
-        """One decode step: (draft s, verify s, tokens kept per row, drafts per row K, drafts accepted per row)."""
+    def _prefix_bytes(self) -> int:
+        if self.prefix is None:
+            return 0
+        runners = [r for r in (self.target, self.draft) if r is not None]
+        return self.prefix.used * sum(r.prefix_block_bytes(BLOCK) for r in runners)
+
+    def _decode(self) -> tuple[float, float, list[int], int, list[int], list[bool]]:
+        """One decode step: (draft s, verify s, tokens kept per row, drafts per row K, drafts accepted per row,
+        whether each row's prompt restored a cached prefix)."""
         # ascending slots: a full batch is one consecutive slot range, whose cache read is a view (any other set
         # is a gather copy of every layer's K/V)
         seqs = [self.running[slot] for slot in sorted(self.running)]
@@ -376,4 +389,5 @@ class Scheduler:
         # timed (MeasuredWidth.update)
         backlog, spent = width > 1 and getattr(self.draft, "backlog", False), time.perf_counter() - t0
         self.widths.update(bands, accepted.tolist(), width, None if backlog else spent, spent)
-        return t1 - t0, t2 - t1, kept_per_row, drafts.shape[1], accepted.tolist()
+        warm = [s.row.cached_tokens > 0 for s in seqs]
+        return t1 - t0, t2 - t1, kept_per_row, drafts.shape[1], accepted.tolist(), warm

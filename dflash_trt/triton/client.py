@@ -28,6 +28,7 @@ class ServedResult:
     finish_reason: str = ""
     acceptance_lengths: list[int] = field(default_factory=list)
     mean_acceptance_length: float = 0.0
+    cached_tokens: int = 0  # prompt tokens the server restored from its prefix cache
     ttft_s: float = 0.0
     total_s: float = 0.0
     responses: int = 0
@@ -92,6 +93,8 @@ def _absorb(result: ServedResult, get, stream: bool) -> None:
         lengths = get("acceptance_lengths")
         result.acceptance_lengths = [int(x) for x in np.asarray(lengths).reshape(-1)] if lengths is not None else []
         result.mean_acceptance_length = float(np.asarray(get("mean_acceptance_length")).reshape(-1)[0])
+        cached = get("cached_tokens")
+        result.cached_tokens = int(np.asarray(cached).reshape(-1)[0]) if cached is not None else 0
 
 
 def grpc_generate(url: str, inputs: dict, on_text=None, timeout: float = 300.0, model: str = MODEL) -> ServedResult:

@@ -11,8 +11,9 @@ cancelled exactly like any other request. OpenAI's fields and defaults: `max_tok
 `seed`, `stop` (a string or up to 4), `stream` (server-sent events ending in `data: [DONE]`,
 `stream_options.include_usage`), `n` = 1; extensions `top_k`, `ignore_eos`. Fields this server cannot honour
 (n > 1, logprobs, echo, penalties, logit_bias, ...) and unknown fields are refused with OpenAI's error
-shape, never silently dropped. `usage` counts prompt and completion tokens; `dflash` adds the acceptance
-statistics (mean acceptance length, verify steps).
+shape, never silently dropped. `usage` counts prompt and completion tokens, and in
+`prompt_tokens_details.cached_tokens` the prompt tokens restored from the prefix cache; `dflash` adds the
+acceptance statistics (mean acceptance length, verify steps).
 """
 
 from __future__ import annotations
@@ -148,7 +149,9 @@ def model_inputs(body, chat: bool, models: frozenset[str]) -> tuple[str, dict, b
 
 def usage(result) -> dict:
     prompt, completion = int(output_value(result, "num_prompt_tokens")), int(output_value(result, "num_output_tokens"))
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    cached = int(output_value(result, "cached_tokens") or 0)  # prompt tokens restored from the prefix cache
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def dflash_stats(result) -> dict:

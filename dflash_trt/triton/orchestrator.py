@@ -56,6 +56,19 @@ class Metrics:
             "success": fam("dflash_request_success_total", "Requests finished, by finish reason", fam.COUNTER),
             "failure": fam("dflash_request_failure_total", "Requests refused (bad input) or failed while decoding",
                            fam.COUNTER),
+            # vLLM's prefix-cache counters (in tokens), and what the cache holds
+            "prefix_queries": fam("dflash_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                  fam.COUNTER),
+            "prefix_hits": fam("dflash_prefix_cache_hits", "Prompt tokens restored from the prefix cache",
+                               fam.COUNTER),
+            "prefix_evictions": fam("dflash_prefix_cache_evictions", "Prefix-cache blocks evicted", fam.COUNTER),
+            "prefix_usage": fam("dflash_prefix_cache_usage_bytes", "Bytes of K/V the prefix cache holds", fam.GAUGE),
+            # acceptance of requests that restored a cached prefix (warm) and of the others (cold): τ is
+            # committed tokens / verify steps of each
+            "steps_by_prefix": fam("dflash_verify_steps_by_prefix", "Verify steps, by warm / cold prompt",
+                                   fam.COUNTER),
+            "committed_by_prefix": fam("dflash_committed_tokens_by_prefix",
+                                       "Tokens committed by verify steps, by warm / cold prompt", fam.COUNTER),
         }
         lengths = [float(i) for i in range(1, block_size + 1)]
         self.acceptance = self.families["acceptance"].Metric(labels=labels, buckets=lengths)
@@ -77,12 +90,17 @@ class Metrics:
                             for r in ("stop", "length", "cancelled")},
                          **{("failure", r): self.families["failure"].Metric(labels={**labels, "reason": r})
                             for r in ("refused", "error")}}
+        self.prefix = {name: self.families[name].Metric(labels=labels)
+                       for name in ("prefix_queries", "prefix_hits", "prefix_evictions", "prefix_usage")}
+        self.by_prefix = {(name, warm): self.families[name].Metric(labels={**labels, "prefix": warm})
+                          for name in ("steps_by_prefix", "committed_by_prefix") for warm in ("warm", "cold")}
+        self.prefix_seen = (0, 0, 0)  # the cache's queries, hits, evictions at the last step
 
     def release(self) -> None:
         """Drop every Metric, then the families: a family must outlive its metrics, and both must go
         while the stub is still connected (not at interpreter exit)."""
         for name in ("acceptance", "draft_s", "verify_s", "width", "tokens", "batch", "running", "waiting", "restarts",
-                     "drafts", "draft_tokens", "accepted", "per_pos", "outcomes"):
+                     "drafts", "draft_tokens", "accepted", "per_pos", "outcomes", "prefix", "by_prefix"):
             setattr(self, name, None)
         self.families.clear()
 
@@ -95,6 +113,7 @@ class Metrics:
     def on_step(self, step) -> None:
         self.running.set(float(step.running))
         self.waiting.set(float(step.waiting))
+        self._on_prefix(step)
         if not step.batch:
             return
         self.draft_s.observe(step.draft_s)
@@ -113,6 +132,20 @@ class Metrics:
                 hits = sum(a >= i for a in step.accepted)
                 if hits:
                     metric.increment(float(hits))
+            for warm, n in zip(step.warm, step.committed):
+                self.by_prefix["steps_by_prefix", "warm" if warm else "cold"].increment(1.0)
+                self.by_prefix["committed_by_prefix", "warm" if warm else "cold"].increment(float(n))
+
+    def _on_prefix(self, step) -> None:
+        """The prefix cache's counters since the last step (the scheduler keeps totals)."""
+        if step.prefix is None:
+            return
+        totals = (step.prefix.queries, step.prefix.hits, step.prefix.evictions)
+        for name, now, before in zip(("prefix_queries", "prefix_hits", "prefix_evictions"), totals, self.prefix_seen):
+            if now > before:
+                self.prefix[name].increment(float(now - before))
+        self.prefix_seen = totals
+        self.prefix["prefix_usage"].set(float(step.prefix_bytes))
 
 
 log = logging.getLogger(__name__)
@@ -208,6 +241,7 @@ class ResponseStream:
                       np.array([sum(lengths) / len(lengths) if lengths else 0.0], dtype=np.float32)),
             pb.Tensor("acceptance_lengths", np.array(lengths, dtype=np.int32)),
             *(pb.Tensor(name, value) for name, value in draft_statistics(result).items()),
+            pb.Tensor("cached_tokens", np.array([result.cached_tokens if result else 0], dtype=np.int32)),
         ]
         return pb.InferenceResponse(output_tensors=tensors)
 

@@ -57,6 +57,7 @@ OUTPUTS = [
     ("total_draft_tokens", "TYPE_INT32", [1]),
     ("total_accepted_draft_tokens", "TYPE_INT32", [1]),
     ("acceptance_rate", "TYPE_FP32", [1]),  # total_accepted_draft_tokens / total_draft_tokens (0 without drafts)
+    ("cached_tokens", "TYPE_INT32", [1]),  # prompt tokens restored from the prefix cache (final response)
 ]
 INTERNAL_INPUTS = ("cancel_request_id",)  # not a client's: no field of the HTTP generate body
 DEFAULT_MAX_TOKENS = 64
