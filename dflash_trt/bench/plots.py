@@ -106,3 +106,28 @@ def chain_plot(points, path: str | Path) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return Path(path)
+
+
+def replay_plot(points, path: str | Path) -> Path:
+    """Mean session latency and mean TTFT per variant (model x prefix cache), one group per concurrency."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5), dpi=110)
+    levels = sorted({p.concurrency for p in points})
+    variants = sorted({(p.model, p.cache) for p in points}, key=lambda v: (v[0], not v[1]))
+    width = 0.8 / max(1, len(variants))
+    for ax, key, label in ((axes[0], "session_mean_s", "mean session latency, s"),
+                           (axes[1], "ttft_mean_s", "mean time to first token, s")):
+        for i, (model, cache) in enumerate(variants):
+            mine = {p.concurrency: p.to_dict()[key] for p in points if (p.model, p.cache) == (model, cache)}
+            xs = [j + (i - (len(variants) - 1) / 2) * width for j, k in enumerate(levels) if k in mine]
+            ax.bar(xs, [mine[k] for k in levels if k in mine], width * 0.9,
+                   label=f"{model}, cache {'on' if cache else 'off'}")
+        ax.set_xticks(range(len(levels)), [f"{k} sessions at once" for k in levels])
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("multi-turn replay: DFlash vs autoregressive, prefix cache on / off")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)

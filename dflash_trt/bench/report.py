@@ -74,3 +74,27 @@ def print_chains(points, speedups: dict[int, float], identical: dict[int, bool])
         same = identical.get(k)
         note = "" if points[0].temperature > 0 else (", answers identical" if same else ", ANSWERS DIFFER")
         _console.print(f"{k} parallel chains: DFlash chain latency = {ratio:.2f}x faster than autoregressive{note}")
+
+
+def print_replay(points, summaries: list[dict]) -> None:
+    table = Table(title="multi-turn replay: sessions through dflash / dflash_ar, prefix cache on / off, one run")
+    for column in ("model", "prefix cache", "sessions at once", "session mean s", "tokens/s", "TTFT ms", "τ",
+                   "prompt cached"):
+        table.add_column(column, justify="right")
+    for p in points:
+        d = p.to_dict()
+        table.add_row(p.model, "on" if p.cache else "off", str(p.concurrency), f"{d['session_mean_s']:.2f}",
+                      f"{d['output_tokens_per_s']:.1f}", f"{d['ttft_mean_s'] * 1e3:.0f}",
+                      f"{d['tau']:.2f}" if p.model == "dflash" else "-", f"{d['cached_share']:.0%}")
+    _console.print(table)
+    for s in summaries:
+        warm = s["warm_ttft_over_cold"]
+        _console.print(
+            f"{s['concurrency']} at once: session latency, DFlash + cache = "
+            f"{s['session_speedup_vs_ar_without_cache']:.2f}x faster than AR without it, "
+            f"{s['session_speedup_vs_dflash_without_cache']:.2f}x than DFlash without it; "
+            f"TTFT of {s['warm_turns']} turns >= 90% cached = "
+            + (f"{warm:.2f}x the same turns cold" if warm is not None else "n/a")
+            + f"; τ warm / cold = {s['tau_warm_over_cold']:.3f}; throughput with / without the cache = "
+            f"{s['throughput_with_over_without_cache']:.2f}x; answers "
+            + ("identical four ways" if s["answers_identical"] else "DIFFER"))

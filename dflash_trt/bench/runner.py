@@ -130,3 +130,27 @@ def run_chains(url, prompts_path, num_prompts, calls, levels, max_new_tokens, sa
     if sampling.get("temperatures", [0])[0] == 0 and not all(same.values()):
         raise SystemExit("greedy chains handed down different answers on dflash and dflash_ar: not lossless")
     return points
+
+
+def run_replay(url, trace, levels, sampling, out_dir):
+    from rich.progress import Progress
+
+    from dflash_trt.bench.replay import VARIANTS, load_trace, replay, summary
+
+    sessions = load_trace(trace)
+    temperature = (sampling.get("temperatures") or [sampling.get("temperature", 0.0)])[0]
+    points, summaries = [], []
+    with Progress(transient=True) as progress:
+        for level in levels:
+            task = progress.add_task(f"replay, {level} sessions at once", total=len(VARIANTS) * len(sessions))
+            mine = replay(url, sessions, level, temperature, sampling.get("seed", 0), lambda: progress.advance(task))
+            points += mine
+            summaries.append(summary(mine))
+    report.print_replay(points, summaries)
+    out = _write(out_dir, _header("replay", url=url, trace=str(trace), sampling=sampling, sessions=len(sessions),
+                                  points=[p.to_dict() for p in points], summary=summaries))
+    plots.replay_plot(points, out / "replay.png")
+    report.say(f"wrote {out / 'results.json'}, {out / 'replay.png'}")
+    if temperature == 0 and not all(s["answers_identical"] for s in summaries):
+        raise SystemExit("greedy sessions got different answers across dflash / dflash_ar / cache on / off")
+    return points, summaries

@@ -47,6 +47,9 @@ from dflash_trt.cli.types import (
               help="Served mode: agent chains of this many dependent calls (each prompt carries the previous "
                    "answer); --concurrency is then the number of chains side by side. End-to-end chain latency, "
                    "DFlash vs AR.")
+@click.option("--trace", help="Served mode: replay multi-turn sessions from this trace (sessions of messages, or "
+              "aiperf / mooncake request lines; builtin:agents = the shipped agent workload): dflash and dflash_ar, "
+              "prefix cache on and off, --concurrency sessions at a time (docs/benchmarks.md).")
 @click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
               help="Served mode: send each point's requests this many times per model, the models alternating "
                    "in order (A B, B A, ...), pooled per point: a drifting machine then favours neither.")
@@ -54,7 +57,7 @@ from dflash_trt.cli.types import (
               help="Folder for results.json and the PNG plots.")
 def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, concurrency, max_new_tokens,
                   temperatures, seed, device, threads, width_policy, draft_vocab, draft_confidence, reference,
-                  chain_calls, rounds, out_dir):
+                  chain_calls, trace, rounds, out_dir):
     """Same prompts, both ways, in one run: τ, per-position acceptance, tokens/s, TTFT/TPOT, speed-up.
 
     Local: batch-1 decoding through the engine (the scheduler and runners a server runs) for each block size.
@@ -79,9 +82,14 @@ def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, co
         from dflash_trt.runtime.local import default_draft_confidence
 
         draft_confidence = default_draft_confidence(device)
-    if chain_calls and not url:
-        raise click.BadParameter("agent chains run through a server: add --url HOST:GRPC_PORT", param_hint="--chain")
-    if chain_calls:
+    if (chain_calls or trace) and not url:
+        raise click.BadParameter("this runs through a server: add --url HOST:GRPC_PORT",
+                                 param_hint="--chain" if chain_calls else "--trace")
+    if trace:
+        if len(temperatures) > 1 or chain_calls:
+            raise click.BadParameter("a replay runs at one temperature, without --chain", param_hint="--trace")
+        runner.run_replay(url, trace, concurrency, sampling, out_dir)
+    elif chain_calls:
         if len(temperatures) > 1:
             raise click.BadParameter("chains run at one temperature", param_hint="--temperature")
         runner.run_chains(url, prompts_path, num_prompts or 16, chain_calls, concurrency, max_new_tokens, sampling,

@@ -26,7 +26,8 @@ def _sampling_options(f):
 
 
 @click.command("generate", short_help="Generate text with DFlash: locally (in process) or from a server (--url).")
-@click.option("--target", "target_dir", type=MODEL_DIR, default=BUILTIN_TARGET, show_default=True, help="HF target folder.")
+@click.option("--target", "target_dir", type=MODEL_DIR, default=BUILTIN_TARGET, show_default=True,
+              help="HF target folder.")
 @click.option("--draft", "draft_dir", type=MODEL_DIR, default=BUILTIN_DRAFT, show_default=True,
               help="z-lab DFlash drafter folder.")
 @click.option("--url", help="Query a served model instead (gRPC host:port, or HTTP host:port with --protocol http).")

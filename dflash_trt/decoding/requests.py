@@ -40,6 +40,7 @@ class Request:
     params: SamplingParams = SamplingParams()
     stop: StopCriteria = StopCriteria()
     bad_words: tuple[tuple[int, ...], ...] = ()  # token sequences never generated (decoding/bad_words.py)
+    prefix_cache: bool = True  # False: neither restores a cached prefix nor leaves its blocks cached
 
     def __post_init__(self):
         if not self.prompt:

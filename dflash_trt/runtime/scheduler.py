@@ -284,7 +284,7 @@ class Scheduler:
         slots = torch.tensor([s.slot for s in seqs], device=self.device)
         extra = {"bans": [s.request.bans([]) for s in seqs]} if any(s.request.bad_words for s in seqs) else {}
         if self.prefix is not None:
-            extra["cached"] = [self._restore_prefix(seq) for seq in seqs]
+            extra["cached"] = [self._restore_prefix(seq) if seq.request.prefix_cache else 0 for seq in seqs]
             self._restored = sum(extra["cached"])
         first, taps, positions, lengths = self.target.prefill(slots, [s.request.prompt for s in seqs],
                                                               self._sampling(seqs), **extra)
@@ -314,7 +314,7 @@ class Scheduler:
     def _keep_prefix(self, seq: Sequence) -> None:
         """Cache a finishing request's committed blocks: positions before its bonus token, whose K/V are final,
         and (with a drafter) whose context K/V the draft runner has stored."""
-        if self.prefix is None or seq.slot is None:
+        if self.prefix is None or seq.slot is None or not seq.request.prefix_cache:
             return
         tokens = seq.request.prompt + tuple(seq.row.tokens)
         final = min(seq.start, len(tokens))  # tokens after a stop inside a block are not the sequence's

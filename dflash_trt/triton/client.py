@@ -29,6 +29,7 @@ class ServedResult:
     acceptance_lengths: list[int] = field(default_factory=list)
     mean_acceptance_length: float = 0.0
     cached_tokens: int = 0  # prompt tokens the server restored from its prefix cache
+    prompt_tokens: int = 0
     ttft_s: float = 0.0
     total_s: float = 0.0
     responses: int = 0
@@ -41,7 +42,7 @@ class ServedResult:
 def request_inputs(prompt: str | None = None, input_ids: list[int] | None = None, max_tokens: int = 64,
                    temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
                    stop_words: tuple[str, ...] = (), stream: bool = True, chat: bool = False,
-                   ignore_eos: bool = False) -> dict:
+                   ignore_eos: bool = False, prefix_cache: bool = True) -> dict:
     """The request as name -> value, shared by every transport."""
     inputs = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
               "seed": seed, "stream": stream}
@@ -55,13 +56,15 @@ def request_inputs(prompt: str | None = None, input_ids: list[int] | None = None
         inputs["chat"] = True
     if ignore_eos:
         inputs["ignore_eos"] = True
+    if not prefix_cache:
+        inputs["prefix_cache"] = False
     return inputs
 
 
 _GRPC_TYPES = {"max_tokens": ("INT32", np.int32), "temperature": ("FP32", np.float32), "top_p": ("FP32", np.float32),
                "top_k": ("INT32", np.int32), "seed": ("UINT64", np.uint64), "stream": ("BOOL", np.bool_),
-               "chat": ("BOOL", np.bool_), "ignore_eos": ("BOOL", np.bool_), "input_ids": ("INT32", np.int32), "text_input": ("BYTES", np.object_),
-               "stop_words": ("BYTES", np.object_)}
+               "chat": ("BOOL", np.bool_), "ignore_eos": ("BOOL", np.bool_), "prefix_cache": ("BOOL", np.bool_),
+               "input_ids": ("INT32", np.int32), "text_input": ("BYTES", np.object_), "stop_words": ("BYTES", np.object_)}
 
 
 def _grpc_inputs(grpcclient, inputs: dict) -> list:
@@ -93,8 +96,9 @@ def _absorb(result: ServedResult, get, stream: bool) -> None:
         lengths = get("acceptance_lengths")
         result.acceptance_lengths = [int(x) for x in np.asarray(lengths).reshape(-1)] if lengths is not None else []
         result.mean_acceptance_length = float(np.asarray(get("mean_acceptance_length")).reshape(-1)[0])
-        cached = get("cached_tokens")
+        cached, prompt = get("cached_tokens"), get("num_prompt_tokens")
         result.cached_tokens = int(np.asarray(cached).reshape(-1)[0]) if cached is not None else 0
+        result.prompt_tokens = int(np.asarray(prompt).reshape(-1)[0]) if prompt is not None else 0
 
 
 def grpc_generate(url: str, inputs: dict, on_text=None, timeout: float = 300.0, model: str = MODEL) -> ServedResult:

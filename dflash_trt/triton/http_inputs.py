@@ -34,6 +34,7 @@ FIELDS = {
     "chat": ("bool", None, "BOOL", np.bool_),
     "ignore_eos": ("bool", None, "BOOL", np.bool_),
     "messages": ("str", None, "BYTES", np.object_),
+    "prefix_cache": ("bool", None, "BOOL", np.bool_),
     "bad_words": ("str_list", None, "BYTES", np.object_),
     "end_id": ("int", (0, INT32[1]), "INT32", np.int32),
     "pad_id": ("int", (0, INT32[1]), "INT32", np.int32),

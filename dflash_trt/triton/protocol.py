@@ -37,6 +37,7 @@ INPUTS = [
     ("chat", "TYPE_BOOL", [1]),
     ("ignore_eos", "TYPE_BOOL", [1]),
     ("messages", "TYPE_STRING", [1]),  # a chat as JSON [{"role", "content"}]: the tokenizer's chat template
+    ("prefix_cache", "TYPE_BOOL", [1]),  # false: neither restore a cached prefix nor cache this request's blocks
     # TensorRT-LLM's names (its ensemble / BLS inputs):
     ("bad_words", "TYPE_STRING", [-1]),  # each word never generated (decoding/bad_words.py)
     ("end_id", "TYPE_INT32", [1]),  # the end token, instead of the bundle's EOS ids
@@ -284,5 +285,6 @@ def parse_request(get: Callable, tokenizer, max_seq_len: int, vocab_size: int,
         SamplingParams(temperature, top_k, top_p, seed % 2**64),
         StopCriteria(max_tokens, frozenset(stop_ids), tuple(stop_words)),
         bad_words,
+        _scalar(get, "prefix_cache", bool, True),
     )
     return ParsedRequest(request, _scalar(get, "stream", bool, False))
