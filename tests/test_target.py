@@ -11,6 +11,9 @@ LLAMA3_ROPE = {
     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64,
 }
+YARN_ROPE = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}  # 41 positions: past it
+YARN_ROPE_FULL = {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 12, "beta_fast": 16.0,
+                  "beta_slow": 2.0, "attention_factor": 0.9, "truncate": False}
 CASES = {
     "qwen3_gqa": ("qwen3", {}),
     "qwen3_tied_mha": ("qwen3", {"tie_word_embeddings": True, "num_key_value_heads": 4}),
@@ -18,6 +21,8 @@ CASES = {
     "llama_gqa_llama3_rope": ("llama", {"rope_scaling": LLAMA3_ROPE, "rope_theta": 500000.0}),
     "llama_linear_rope_mlp_bias": ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "mlp_bias": True}),
     "llama_tied_no_head_dim": ("llama", {"tie_word_embeddings": True, "head_dim": None}),
+    "qwen3_yarn": ("qwen3", {"rope_scaling": YARN_ROPE, "max_position_embeddings": 64}),
+    "llama_yarn_every_field": ("llama", {"rope_scaling": YARN_ROPE_FULL, "rope_theta": 500000.0}),
 }
 
 
@@ -58,3 +63,20 @@ def test_cached_chunks_match_full_forward_on_ragged_rows(target_case):
             outs[b].append(logits[0])
     for b in range(2):
         assert (torch.cat(outs[b]) - ref[b]).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("rope", [YARN_ROPE, YARN_ROPE_FULL, {"rope_type": "yarn", "factor": 8.0, "mscale": 0.707,
+                                                                "original_max_position_embeddings": 32,
+                                                                "mscale_all_dim": 1.0}])
+def test_yarn_frequencies_and_scaling_are_transformers_own(tmp_path, rope):
+    """Inverse frequencies bit for bit and the cos / sin factor of transformers' yarn initialisation (fp32),
+    `factor` defaulting to max_position_embeddings / original as transformers does."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from dflash_trt.model.layers import rope_inv_freq
+
+    hf = make_target(tmp_path, "qwen3", rope_scaling=rope, max_position_embeddings=64)
+    want, scaling = ROPE_INIT_FUNCTIONS["yarn"](hf.config, "cpu")
+    dims = read_target(tmp_path).config.dims
+    assert torch.equal(rope_inv_freq(dims.rope, dims.head_dim), want)
+    assert dims.rope.attention_scaling() == scaling

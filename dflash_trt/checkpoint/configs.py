@@ -19,7 +19,12 @@ log = logging.getLogger(__name__)
 
 TARGET_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
 DRAFT_ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature term: 0.1 * mscale * ln(factor) + 1 (1 when not stretched)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,40 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # yarn (Hugging Face's `_compute_yarn_parameters`): the ramp between beta_fast and beta_slow rotations, the
+    # attention factor on cos / sin (None: 0.1 ln(factor) + 1, or the mscale ratio), truncate: integer bounds
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    def attention_scaling(self) -> float:
+        """The factor yarn multiplies cos / sin by, as transformers' `_compute_yarn_parameters` (1.0 otherwise)."""
+        if self.type != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+        if self.mscale and self.mscale_all_dim:
+            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim)
+        return yarn_mscale(self.factor)
+
+    def hf_parameters(self) -> dict:
+        """The Hugging Face 5.x `rope_parameters` that `parse_rope` reads back as this config."""
+        out: dict = {"rope_type": self.type, "rope_theta": self.theta}
+        if self.type == "default":
+            return out
+        out["factor"] = self.factor
+        if self.type == "llama3":
+            out |= {"low_freq_factor": self.low_freq_factor, "high_freq_factor": self.high_freq_factor,
+                    "original_max_position_embeddings": self.original_max_position_embeddings}
+        elif self.type == "yarn":
+            out |= {"original_max_position_embeddings": self.original_max_position_embeddings,
+                    "beta_fast": self.beta_fast, "beta_slow": self.beta_slow, "truncate": self.truncate}
+            out |= {key: value for key in ("attention_factor", "mscale", "mscale_all_dim")
+                    if (value := getattr(self, key)) is not None}
+        return out
 
 
 @dataclass(frozen=True)
@@ -122,6 +161,8 @@ def parse_rope(f: Fields) -> RopeConfig:
         )
     if kind == "default":
         return RopeConfig(theta=theta)
+    if kind == "yarn":
+        return _parse_yarn(f, scaling, theta)
     factor = scaling.float("factor")
     if kind == "linear":
         return RopeConfig(theta=theta, type=kind, factor=factor)
@@ -132,6 +173,20 @@ def parse_rope(f: Fields) -> RopeConfig:
         low_freq_factor=scaling.float("low_freq_factor"),
         high_freq_factor=scaling.float("high_freq_factor"),
         original_max_position_embeddings=scaling.int("original_max_position_embeddings", minimum=1),
+    )
+
+
+def _parse_yarn(f: Fields, scaling: Fields, theta: float) -> RopeConfig:
+    """YaRN as transformers reads it: `factor` (default max_position_embeddings / original), the rest optional."""
+    original = scaling.int("original_max_position_embeddings", minimum=1)
+    factor = scaling.float("factor", None)
+    if factor is None:
+        factor = f.int("max_position_embeddings", minimum=1) / original
+    optional = {key: scaling.float(key, None) for key in ("attention_factor", "mscale", "mscale_all_dim")}
+    return RopeConfig(
+        theta=theta, type="yarn", factor=factor, original_max_position_embeddings=original,
+        beta_fast=scaling.float("beta_fast", None) or 32.0, beta_slow=scaling.float("beta_slow", None) or 1.0,
+        truncate=scaling.bool("truncate", True), **optional,
     )
 
 

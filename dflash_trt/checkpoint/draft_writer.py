@@ -21,7 +21,6 @@ from dflash_trt.checkpoint.configs import DraftConfig, TargetConfig
 def draft_config_json(config: DraftConfig, torch_dtype: str = "float32") -> dict:
     """The z-lab `config.json` for a drafter (Qwen3 backbone keys + `dflash_config`)."""
     d = config.dims
-    rope = {"rope_type": "default", "rope_theta": d.rope.theta}
     return {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
@@ -40,7 +39,7 @@ def draft_config_json(config: DraftConfig, torch_dtype: str = "float32") -> dict
         "hidden_act": "silu",
         "rms_norm_eps": d.rms_norm_eps,
         "rope_theta": d.rope.theta,
-        "rope_parameters": rope,
+        "rope_parameters": d.rope.hf_parameters(),  # a drafter trained with its target's yarn keeps it
         "attention_bias": d.attention_bias,
         "max_position_embeddings": d.max_position_embeddings,
         "vocab_size": config.vocab_size,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dflash_trt import __version__
-from dflash_trt.checkpoint.configs import DraftConfig, RopeConfig, TargetConfig, TransformerDims
+from dflash_trt.checkpoint.configs import DraftConfig, RopeConfig, TargetConfig, TransformerDims, yarn_mscale
 from dflash_trt.checkpoint.json_fields import Fields, load_json
 from dflash_trt.errors import UnsupportedModelError
 
@@ -94,14 +94,47 @@ def _jsonable(value):
 
 
 def rope_scaling(rope: RopeConfig) -> dict | None:
-    """HF-style `rope_scaling` as TRT-LLM reads it (both 'type' and 'rope_type' keys)."""
+    """HF-style `rope_scaling` as TRT-LLM reads it (both 'type' and 'rope_type' keys). Every yarn key is
+    written: TensorRT-LLM's defaults differ from transformers' (original_max_position_embeddings 4096)."""
     if rope.type == "default":
         return None
     out = {"type": rope.type, "rope_type": rope.type, "factor": rope.factor}
     if rope.type == "llama3":
         out |= {"low_freq_factor": rope.low_freq_factor, "high_freq_factor": rope.high_freq_factor,
                 "original_max_position_embeddings": rope.original_max_position_embeddings}
+    if rope.type == "yarn":
+        mscale, mscale_all_dim = trtllm_yarn_mscales(rope)
+        out |= {"original_max_position_embeddings": rope.original_max_position_embeddings,
+                "beta_fast": rope.beta_fast, "beta_slow": rope.beta_slow, "mscale": mscale,
+                "mscale_all_dim": mscale_all_dim}
     return out
+
+
+def trtllm_yarn_mscales(rope: RopeConfig) -> tuple[float, float]:
+    """(mscale, mscale_all_dim) as TensorRT-LLM reads them (defaults 1.0, 0.0). Its table multiplies cos / sin by
+    yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim) and reads neither `attention_factor` nor
+    `truncate` (tensorrt_llm/functional.py, RopeEmbeddingUtils.create_sinusoidal_positions_yarn;
+    tensorrt_llm/layers/attention.py, Attention.create_attention_const_params). transformers uses the ratio only
+    when both are set, so a lone one is written as its no-op value."""
+    if rope.mscale and rope.mscale_all_dim:
+        return rope.mscale, rope.mscale_all_dim
+    return 1.0, 0.0
+
+
+def check_engine_rope(rope: RopeConfig, where: Path) -> None:
+    """Refuse a yarn the engine's RoPE table would compute differently from transformers."""
+    if rope.type != "yarn":
+        return
+    if not rope.truncate:
+        raise UnsupportedModelError(f"{where}: field 'rope_scaling.truncate': false is not supported by TensorRT-LLM's "
+                                    "yarn table (it always rounds the ramp bounds to integers); expected true")
+    mscale, mscale_all_dim = trtllm_yarn_mscales(rope)
+    engine = yarn_mscale(rope.factor, mscale) / yarn_mscale(rope.factor, mscale_all_dim)
+    if abs(engine - rope.attention_scaling()) > 1e-6 * engine:
+        raise UnsupportedModelError(
+            f"{where}: field 'rope_scaling.attention_factor': {rope.attention_factor} differs from the "
+            f"{engine:.6g} TensorRT-LLM's yarn table computes from factor / mscale / mscale_all_dim (it reads no "
+            "attention_factor); expected it unset or equal")
 
 
 def check_tp(dims: TransformerDims, tp: int, where: Path) -> None:
@@ -138,8 +171,13 @@ def _parse_rope(f: Fields) -> RopeConfig:
         return RopeConfig(theta=theta)
     if kind == "linear":
         return RopeConfig(theta=theta, type=kind, factor=s.float("factor"))
+    if kind == "yarn":
+        return RopeConfig(theta=theta, type=kind, factor=s.float("factor"), beta_fast=s.float("beta_fast"),
+                          beta_slow=s.float("beta_slow"),
+                          original_max_position_embeddings=s.int("original_max_position_embeddings", minimum=1),
+                          mscale=s.float("mscale"), mscale_all_dim=s.float("mscale_all_dim"))
     if kind != "llama3":
-        raise s.error("type", f"'{kind}' is not supported; expected default, linear or llama3")
+        raise s.error("type", f"'{kind}' is not supported; expected default, linear, llama3 or yarn")
     return RopeConfig(theta=theta, type=kind, factor=s.float("factor"), low_freq_factor=s.float("low_freq_factor"),
                       high_freq_factor=s.float("high_freq_factor"),
                       original_max_position_embeddings=s.int("original_max_position_embeddings", minimum=1))

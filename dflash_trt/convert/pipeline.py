@@ -20,7 +20,7 @@ from pathlib import Path
 from dflash_trt.checkpoint.hf import check_pair, read_draft, read_target
 from dflash_trt.checkpoint.json_fields import load_json
 from dflash_trt.checkpoint.quant.modes import HANDLERS, KV_CACHE_MODES, get_handler
-from dflash_trt.checkpoint.trtllm_config import DTYPE_NAMES, QuantSection, TrtllmConfig, check_tp
+from dflash_trt.checkpoint.trtllm_config import DTYPE_NAMES, QuantSection, TrtllmConfig, check_engine_rope, check_tp
 from dflash_trt.checkpoint.trtllm_layout import check_quantizable
 from dflash_trt.checkpoint.trtllm_writer import ModelAmax, convert_tensors, write_checkpoint
 from dflash_trt.errors import ConfigError, UnsupportedModelError, field_error
@@ -98,6 +98,7 @@ def _check_layout(cfg: TrtllmConfig, folder: Path) -> None:
         raise UnsupportedModelError(f"{where}: field 'attention_bias': TensorRT-LLM's Qwen3 attention has no "
                                     "bias on attention.dense; expected false")
     check_tp(cfg.model.dims, cfg.tp_size, where)
+    check_engine_rope(cfg.model.dims.rope, where)
     problem = check_quantizable(cfg)
     if problem:
         raise UnsupportedModelError(f"{where}: field '{problem[0]}': {problem[1]}")

@@ -31,8 +31,11 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """Inverse frequencies [head_dim / 2], with linear or llama3 scaling applied."""
+    """Inverse frequencies [head_dim / 2], with linear, llama3 or yarn scaling applied (transformers'
+    modeling_rope_utils, the same float32 operations in the same order)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    if rope.type == "yarn":
+        return _yarn_inv_freq(rope, head_dim, rope.theta**exponents)
     inv_freq = 1.0 / (rope.theta**exponents)
     if rope.type == "linear":
         return inv_freq / rope.factor
@@ -49,6 +52,25 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     return inv_freq
 
 
+def _yarn_inv_freq(rope: RopeConfig, dim: int, pos_freqs: torch.Tensor) -> torch.Tensor:
+    """YaRN: interpolated (divided by `factor`) frequencies for the dimensions that rotate fewer than `beta_slow`
+    times over the original window, extrapolated ones above `beta_fast`, a linear ramp between."""
+
+    def correction_dim(rotations: float) -> float:
+        window = rope.original_max_position_embeddings
+        return dim * math.log(window / (rotations * 2 * math.pi)) / (2 * math.log(rope.theta))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extrapolated = 1 - ramp
+    return (1.0 / (rope.factor * pos_freqs)) * (1 - extrapolated) + (1.0 / pos_freqs) * extrapolated
+
+
 class Rotary(nn.Module):
     """cos / sin for absolute positions: a table grown on demand, entries computed exactly as HF does
     per call (fp32 outer product position x inv_freq), so a lookup equals HF's values bit for bit."""
@@ -56,6 +78,7 @@ class Rotary(nn.Module):
     def __init__(self, rope: RopeConfig, head_dim: int):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(rope, head_dim), persistent=False)
+        self.attention_scaling = rope.attention_scaling()  # yarn's factor on cos / sin (1.0 otherwise)
         self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _table(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,7 +88,7 @@ class Rotary(nn.Module):
             positions = torch.arange(size, device=self.inv_freq.device).float()
             freqs = positions[:, None] * self.inv_freq.float()[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
-            cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+            cos, sin = (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
             self._tables[dtype] = (cos, sin)
         return cos, sin
 

@@ -106,6 +106,14 @@ def plan_trtllm_build(cfg: BuildConfig, tmp_dir: str | Path) -> TrtllmPlan:
         raise ConfigError(f"{cfg.source}: field 'block_size': {block_size} exceeds the drafter's trained block_size "
                           f"{d.block_size}")
     dtype, runtime = resolve_dtype(cfg), cfg.runtime
+    positions = engine_lengths(runtime.max_seq_len, block_size, runtime.max_batch_size)["max_seq_len"]
+    if t.dims.rope.type == "yarn" and positions > t.dims.max_position_embeddings:
+        # TensorRT-LLM's yarn cos / sin table has max_position_embeddings rows and the attention kernels index
+        # it by position unclamped (tensorrt_llm/layers/attention.py, Attention.create_attention_const_params)
+        raise ConfigError(f"{cfg.source}: field 'runtime.max_seq_len': {runtime.max_seq_len} needs {positions} "
+                          f"engine positions, past the {t.dims.max_position_embeddings} rows of the target's yarn "
+                          f"table (max_position_embeddings); expected <= "
+                          f"{runtime.max_seq_len - positions + t.dims.max_position_embeddings}")
     spec = DraftGraphSpec(
         num_layers=d.dims.num_layers, num_kv_heads=d.dims.num_kv_heads, head_dim=d.dims.head_dim,
         hidden_size=d.dims.hidden_size, n_taps=len(d.target_layer_ids), block_size=block_size,
