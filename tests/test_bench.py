@@ -50,6 +50,38 @@ def test_local_bench_takes_a_temperature_list_and_plots_tau_against_it(tiny_pair
     assert bad.exit_code == 2 and "numbers >= 0" in bad.output
 
 
+def test_context_prompts_end_where_prompts_end_and_never_repeat():
+    from dflash_trt.bench.local import context_prompts
+    from dflash_trt.errors import ConfigError
+
+    prompts = [list(range(100 * i, 100 * i + 10)) for i in range(6)]  # 60 tokens, every one distinct
+    cut = context_prompts(prompts, 25, 3)
+    assert [len(p) for p in cut] == [25, 25, 25]
+    assert [p[-1] for p in cut] == [209, 409, 509]  # prompt ends spread over the 4 with 25 tokens before them
+    assert cut[0] == list(range(5, 10)) + list(range(100, 110)) + list(range(200, 210))
+    assert context_prompts(prompts, 60, 5) == [sum(prompts, [])]  # only the last end has 60 tokens before it
+    with pytest.raises(ConfigError, match="60 tokens in all, fewer than --context-lengths 61"):
+        context_prompts(prompts, 61, 2)
+    with pytest.raises(ConfigError, match="'token_ids'"):
+        context_prompts(["some text"], 4, 1)
+
+
+def test_local_bench_by_context_length(tmp_path):
+    """The shipped pair on held-out prompts cut to 64 and 256 tokens: a row per length, tokens identical to AR,
+    and the plot; a length past the target's positions is refused before anything runs."""
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["bench", "--block-sizes", "16", "--num-prompts", "2", "--max-new-tokens", "16",
+                                      "--context-lengths", "64,256", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "results.json").read_text())
+    assert data["context_lengths"] == [64, 256]
+    assert [(r["context_length"], r["prompts"]) for r in data["results"]] == [(64, 2), (256, 2)]
+    assert all(r["identical"] and r["generated_tokens"] == 2 * 16 for r in data["results"])
+    png_ok(out / "context_lengths.png")
+    refused = CliRunner().invoke(cli, ["bench", "--context-lengths", "1000", "--max-new-tokens", "64"])
+    assert refused.exit_code == 1 and "--context-lengths 1000" in refused.output and "1024 positions" in refused.output
+
+
 def test_pareto_and_histogram_plots_render(tmp_path):
     points = [ServedPoint(model, c, 8, 2.0 / c ** 0.5, 400, 0.05 * c, 0.08 * c, 0.01 * c, 100.0 / c ** 0.3, 3.0,
                           [1, 2, 3, 4, 4, 5] * c)

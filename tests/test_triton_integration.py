@@ -314,6 +314,33 @@ def test_served_bench_rounds_alternate_the_models_and_pool_each_point(served, tm
         assert p["requests"] == 2 * 3 and p["output_tokens"] == 2 * 3 * 8 and p["wall_s"] > 0
 
 
+def test_served_bench_by_context_length_bypasses_the_prefix_cache(served, tmp_path):
+    """`bench --url --context-lengths`: both models at each prompt length, token ids sent as cut; the sweep's
+    repeated prompts (two rounds) never hit the prefix cache, so each length's prompts are prefilled every time."""
+    from click.testing import CliRunner
+    from plot_checks import png_ok
+
+    from dflash_trt.cli import cli
+
+    server, _, _ = served
+    hits = "dflash_prefix_cache_hits{"
+    before = _metric(server, hits)
+    out = tmp_path / "lengths"
+    result = CliRunner().invoke(cli, ["bench", "--url", server.grpc_url, "--context-lengths", "64,160", "--rounds", "2",
+                                      "--concurrency", "1", "--num-prompts", "2", "--max-new-tokens", "8",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "concurrency 1, 160-token prompts: DFlash / autoregressive throughput" in result.output
+    data = json.loads((out / "results.json").read_text())
+    assert data["context_lengths"] == [64, 160]
+    assert sorted((p["model"], p["context_length"]) for p in data["points"]) == \
+        [(m, n) for m in ("dflash", "dflash_ar") for n in (64, 160)]
+    assert all(p["requests"] == 2 * 2 and p["output_tokens"] == 2 * 2 * 8 for p in data["points"])
+    time.sleep(0.5)  # metric updates go through the emitter thread
+    assert _metric(server, hits) == before
+    png_ok(out / "context_lengths.png")
+
+
 def test_served_bench_takes_text_prompts(served, tmp_path):
     """`bench --url --prompts FILE` with text lines: the server tokenizes them (no tokenizer in served mode)."""
     from click.testing import CliRunner

@@ -34,6 +34,7 @@ class BlockResult:
     acceptance_lengths: list[int] = field(default_factory=list, repr=False)
     temperature: float = 0.0
     prompt_seconds: list[tuple[float, float]] = field(default_factory=list, repr=False)  # (DFlash, AR) per prompt
+    context_length: int | None = None  # every prompt's length (bench --context-lengths), None: as given
 
     @property
     def spec_tokens_per_s(self) -> float:
@@ -104,6 +105,28 @@ def load_prompts(path: str | Path | None, tokenizer, limit: int | None, served: 
         else:
             raise ConfigError(f"{path}:{n}: expected an object with 'token_ids' (a list) or 'text' (a string)")
     return prompts[:limit] if limit else prompts
+
+
+def context_prompts(prompts: list, length: int, count: int, where: str = "the prompts") -> list[list[int]]:
+    """`count` prompts of exactly `length` tokens: each ends where one of `prompts` ends (its natural
+    continuation follows) and reaches back over the prompts before it, read as one text in file order.
+    The ends are spread evenly over the prompts long enough to have `length` tokens before them; nothing
+    is repeated to make up a length (a copied span would be drafted too easily)."""
+    from dflash_trt.errors import ConfigError
+
+    if any(not isinstance(p, list) for p in prompts):
+        raise ConfigError(f"{where}: --context-lengths cuts token ids; give 'token_ids' on every line (the "
+                          "server tokenizes text, so its lengths are not known here)")
+    stream, ends = [], []
+    for prompt in prompts:
+        stream += prompt
+        ends.append(len(stream))
+    ends = [e for e in ends if e >= length]
+    if not ends:
+        raise ConfigError(f"{where}: {len(stream)} tokens in all, fewer than --context-lengths {length}; give "
+                          "--prompts with more text")
+    picked = sorted({ends[round(i * (len(ends) - 1) / max(count - 1, 1))] for i in range(min(count, len(ends)))})
+    return [stream[e - length: e] for e in picked]
 
 
 def _timed(fn):

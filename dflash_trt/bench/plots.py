@@ -81,6 +81,39 @@ def temperature_plot(results, path: str | Path) -> Path:
     return Path(path)
 
 
+def context_plot(rows: list[dict], path: str | Path) -> Path:
+    """τ and DFlash / AR speed against the prompt's length, one line per series. `rows`: dicts with series,
+    context_length, tau, speedup (and optionally speedup_ci95 [lo, hi], drawn as error bars)."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
+    for name in dict.fromkeys(r["series"] for r in rows):
+        mine = sorted((r for r in rows if r["series"] == name), key=lambda r: r["context_length"])
+        xs = [r["context_length"] for r in mine]
+        left.plot(xs, [r["tau"] for r in mine], marker="o", label=name)
+        if all("speedup_ci95" in r for r in mine):
+            errors = [[r["speedup"] - r["speedup_ci95"][0] for r in mine],
+                      [r["speedup_ci95"][1] - r["speedup"] for r in mine]]
+            right.errorbar(xs, [r["speedup"] for r in mine], yerr=errors, marker="o", capsize=3, label=name)
+        else:
+            right.plot(xs, [r["speedup"] for r in mine], marker="o", label=name)
+    right.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    left.set_ylabel("τ (mean acceptance length)")
+    right.set_ylabel("DFlash / autoregressive speed")
+    lengths = sorted({r["context_length"] for r in rows})
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.minorticks_off()
+        ax.set_xlabel("prompt length (tokens)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("DFlash by context length, same prompts both ways, one run")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
+
+
 def chain_plot(points, path: str | Path) -> Path:
     """End-to-end chain latency per model and number of parallel chains: one box per (model, K)."""
     plt = _pyplot()

@@ -15,13 +15,15 @@ def say(message: str) -> None:
 def print_local(results, caption: str | None = None) -> None:
     table = Table(title="DFlash vs autoregressive (local engine, batch 1, same prompts, one run)",
                   caption=caption)
-    for column in ("T", "block", "prompts", "tokens", "τ", "DFlash tok/s", "AR tok/s", "speed-up (95% interval)",
-                   "identical", "acceptance by draft position"):
+    lengths = any(r.context_length for r in results)
+    for column in ("T", "block", *(["context"] if lengths else []), "prompts", "tokens", "τ", "DFlash tok/s",
+                   "AR tok/s", "speed-up (95% interval)", "identical", "acceptance by draft position"):
         table.add_column(column, justify="right")
     for r in results:
         rates = " ".join(f"{p:.2f}" for p in r.per_position_acceptance[:8]) + (" …" if r.block_size > 9 else "")
         lo, hi = r.speedup_interval  # a bootstrap: computed once a row
-        table.add_row(f"{r.temperature:g}", str(r.block_size), str(r.prompts), str(r.generated_tokens), f"{r.mean_acceptance_length:.2f}",
+        table.add_row(f"{r.temperature:g}", str(r.block_size), *([str(r.context_length)] if lengths else []),
+                      str(r.prompts), str(r.generated_tokens), f"{r.mean_acceptance_length:.2f}",
                       f"{r.spec_tokens_per_s:.1f}", f"{r.ar_tokens_per_s:.1f}",
                       f"{r.speedup:.2f}x ({lo:.2f}-{hi:.2f})",
                       "yes" if r.identical else "NO", rates)
@@ -41,22 +43,24 @@ def print_reference(comparisons) -> None:
 
 def print_served(points, ratios: dict[int, float]) -> None:
     table = Table(title="served: DFlash (dflash) vs autoregressive (dflash_ar), gRPC streaming, one run")
-    for column in ("model", "T", "concurrency", "requests", "output tok/s", "per-user tok/s", "TTFT ms", "TTFT p90 ms",
-                   "TPOT ms", "τ", "acceptance by draft position"):
+    lengths = any(p.context_length for p in points)
+    for column in ("model", "T", *(["context"] if lengths else []), "concurrency", "requests", "output tok/s",
+                   "per-user tok/s", "TTFT ms", "TTFT p90 ms", "TPOT ms", "τ", "acceptance by draft position"):
         table.add_column(column, justify="right")
     for p in points:
         rates = p.per_position_acceptance if p.model == "dflash" else []
-        table.add_row(p.model, f"{p.temperature:g}", str(p.concurrency), str(p.requests), f"{p.output_tokens_per_s:.1f}",
+        table.add_row(p.model, f"{p.temperature:g}", *([str(p.context_length)] if lengths else []), str(p.concurrency),
+                      str(p.requests), f"{p.output_tokens_per_s:.1f}",
                       f"{p.per_user_tokens_per_s:.1f}", f"{p.ttft_mean_s * 1e3:.0f}", f"{p.ttft_p90_s * 1e3:.0f}",
                       f"{p.tpot_mean_s * 1e3:.1f}", f"{p.mean_acceptance_length:.2f}" if p.model == "dflash" else "-",
                       " ".join(f"{r:.2f}" for r in rates[:6]) + (" …" if len(rates) > 6 else "") or "-")
     _console.print(table)
-    by = {(p.model, p.concurrency, p.temperature): p for p in points}
-    for t in sorted({p.temperature for p in points}):
-        for c in sorted({p.concurrency for p in points}):
-            if ("dflash", c, t) in by and ("dflash_ar", c, t) in by:
-                ratio = by["dflash", c, t].output_tokens_per_s / by["dflash_ar", c, t].output_tokens_per_s
-                _console.print(f"T {t:g}, concurrency {c}: DFlash / autoregressive throughput = {ratio:.2f}x")
+    by = {(p.model, p.concurrency, p.temperature, p.context_length): p for p in points}
+    for model, c, t, length in by:
+        if model == "dflash" and ("dflash_ar", c, t, length) in by:
+            ratio = by[model, c, t, length].output_tokens_per_s / by["dflash_ar", c, t, length].output_tokens_per_s
+            where = f", {length}-token prompts" if length else ""
+            _console.print(f"T {t:g}, concurrency {c}{where}: DFlash / autoregressive throughput = {ratio:.2f}x")
     for c, r in ratios.items():
         _console.print(f"DFlash throughput at concurrency {c} = {r:.2f}x concurrency 1")
 

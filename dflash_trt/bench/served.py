@@ -29,6 +29,7 @@ class ServedPoint:
     mean_acceptance_length: float
     acceptance_lengths: list[int] = field(default_factory=list, repr=False)
     temperature: float = 0.0
+    context_length: int | None = None  # every prompt's length (bench --context-lengths), None: as given
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -63,13 +64,6 @@ def _point(model: str, concurrency: int, results: list[ServedResult], wall: floa
     )
 
 
-def run_point(url: str, model: str, prompts: list, concurrency: int, max_new_tokens: int, sampling: dict,
-              progress=None) -> ServedPoint:
-    """Send every prompt once with `concurrency` in flight; one measured point."""
-    results, wall = _send(url, model, prompts, concurrency, max_new_tokens, sampling, progress)
-    return _point(model, concurrency, results, wall, sampling.get("temperature", 0.0))
-
-
 def _send(url: str, model: str, prompts: list, concurrency: int, max_new_tokens: int, sampling: dict,
           progress=None) -> tuple[list[ServedResult], float]:
     """Every prompt once with `concurrency` in flight: the results and the wall seconds."""
@@ -77,8 +71,10 @@ def _send(url: str, model: str, prompts: list, concurrency: int, max_new_tokens:
         i, prompt = item
         ids = prompt if isinstance(prompt, list) else None
         text = prompt if isinstance(prompt, str) else None
+        # no prefix cache: a sweep sends the same prompts to both models, round after round, which no workload
+        # does; it measures decoding (bench --trace measures the cache)
         inputs = request_inputs(text, ids, max_new_tokens, seed=sampling.get("seed", 0) + i,
-                                temperature=sampling.get("temperature", 0.0), stream=True)
+                                temperature=sampling.get("temperature", 0.0), stream=True, prefix_cache=False)
         result = grpc_generate(url, inputs, model=model)
         if progress is not None:
             progress()
@@ -122,8 +118,10 @@ def sweep(url: str, prompts: list, levels: list[int], max_new_tokens: int, sampl
 
 
 def scaling(points: list[ServedPoint], model: str = "dflash") -> dict[int, float]:
-    """Total output tokens/s at each concurrency relative to concurrency 1 (at the first temperature)."""
-    first = points[0].temperature if points else 0.0
-    mine = {p.concurrency: p.output_tokens_per_s for p in points if p.model == model and p.temperature == first}
+    """Total output tokens/s at each concurrency relative to concurrency 1 (at the first temperature and
+    context length)."""
+    first = (points[0].temperature, points[0].context_length) if points else None
+    mine = {p.concurrency: p.output_tokens_per_s for p in points
+            if p.model == model and (p.temperature, p.context_length) == first}
     base = mine.get(1)
     return {c: v / base for c, v in sorted(mine.items())} if base else {}

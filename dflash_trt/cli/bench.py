@@ -53,11 +53,14 @@ from dflash_trt.cli.types import (
 @click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
               help="Served mode: send each point's requests this many times per model, the models alternating "
                    "in order (A B, B A, ...), pooled per point: a drifting machine then favours neither.")
+@click.option("--context-lengths", type=INT_LIST,
+              help="Cut the prompts to each of these lengths (tokens; each ends where a prompt ends and reaches back "
+                   "over the ones before it) and report τ, tokens/s and the speed-up per length: local or --url.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
               help="Folder for results.json and the PNG plots.")
 def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, concurrency, max_new_tokens,
                   temperatures, seed, device, threads, width_policy, draft_vocab, draft_confidence, reference,
-                  chain_calls, trace, rounds, out_dir):
+                  chain_calls, trace, rounds, context_lengths, out_dir):
     """Same prompts, both ways, in one run: τ, per-position acceptance, tokens/s, TTFT/TPOT, speed-up.
 
     Local: batch-1 decoding through the engine (the scheduler and runners a server runs) for each block size.
@@ -85,6 +88,9 @@ def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, co
     if (chain_calls or trace) and not url:
         raise click.BadParameter("this runs through a server: add --url HOST:GRPC_PORT",
                                  param_hint="--chain" if chain_calls else "--trace")
+    if context_lengths and (trace or chain_calls or reference):
+        raise click.BadParameter("measures single requests: drop --trace, --chain and --reference",
+                                 param_hint="--context-lengths")
     if trace:
         if len(temperatures) > 1 or chain_calls:
             raise click.BadParameter("a replay runs at one temperature, without --chain", param_hint="--trace")
@@ -96,7 +102,8 @@ def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, co
                           out_dir)
     elif url:
         num_prompts = num_prompts or max(16, 4 * max(concurrency))
-        runner.run_served(url, prompts_path, num_prompts, concurrency, max_new_tokens, sampling, out_dir, rounds)
+        runner.run_served(url, prompts_path, num_prompts, concurrency, max_new_tokens, sampling, out_dir, rounds,
+                          context_lengths)
     else:
         runner.run_local(target, draft, prompts_path, num_prompts or 16, block_sizes, max_new_tokens, sampling, device,
-                         out_dir, reference, draft_confidence, draft_vocab, width_policy)
+                         out_dir, reference, draft_confidence, draft_vocab, width_policy, context_lengths)
