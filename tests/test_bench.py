@@ -77,6 +77,10 @@ def test_local_bench_by_context_length(tmp_path):
     assert data["context_lengths"] == [64, 256]
     assert [(r["context_length"], r["prompts"]) for r in data["results"]] == [(64, 2), (256, 2)]
     assert all(r["identical"] and r["generated_tokens"] == 2 * 16 for r in data["results"])
+    for r in data["results"]:  # the prefill share of each side is part of its seconds
+        assert 0 < r["spec_prefill_seconds"] < r["spec_seconds"] and 0 < r["ar_prefill_seconds"] < r["ar_seconds"]
+        ar_decode = r["ar_seconds"] - r["ar_prefill_seconds"]
+        assert r["decode_speedup"] == pytest.approx(ar_decode / (r["spec_seconds"] - r["spec_prefill_seconds"]))
     png_ok(out / "context_lengths.png")
     refused = CliRunner().invoke(cli, ["bench", "--context-lengths", "1000", "--max-new-tokens", "64"])
     assert refused.exit_code == 1 and "--context-lengths 1000" in refused.output and "1024 positions" in refused.output

@@ -9,7 +9,6 @@ tokens/s of each, their ratio with a 95% interval, and whether the tokens are id
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -35,6 +34,8 @@ class BlockResult:
     temperature: float = 0.0
     prompt_seconds: list[tuple[float, float]] = field(default_factory=list, repr=False)  # (DFlash, AR) per prompt
     context_length: int | None = None  # every prompt's length (bench --context-lengths), None: as given
+    spec_prefill_seconds: float = 0.0  # of spec_seconds / ar_seconds: admitting the prompts (the rest decodes)
+    ar_prefill_seconds: float = 0.0
 
     @property
     def spec_tokens_per_s(self) -> float:
@@ -49,6 +50,12 @@ class BlockResult:
         return self.ar_seconds / self.spec_seconds
 
     @property
+    def decode_speedup(self) -> float:
+        """The speed-up after the prompt is in: what DFlash changes; a long prompt's prefill, the same work
+        both ways, pulls the end-to-end ratio towards 1."""
+        return (self.ar_seconds - self.ar_prefill_seconds) / (self.spec_seconds - self.spec_prefill_seconds)
+
+    @property
     def speedup_interval(self) -> tuple[float, float]:
         """A 95% interval of the speed-up: prompts resampled with replacement (each keeps its DFlash and AR
         seconds together), the ratio of sums of each resample, its 2.5th and 97.5th percentiles. It spans what
@@ -61,7 +68,8 @@ class BlockResult:
         d.pop("acceptance_lengths")
         d.pop("prompt_seconds")
         return d | {"spec_tokens_per_s": self.spec_tokens_per_s, "ar_tokens_per_s": self.ar_tokens_per_s,
-                    "speedup": self.speedup, "speedup_ci95": list(self.speedup_interval)}
+                    "speedup": self.speedup, "speedup_ci95": list(self.speedup_interval),
+                    "decode_speedup": self.decode_speedup}
 
 
 def speedup_interval(pairs: list[tuple[float, float]], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -129,10 +137,10 @@ def context_prompts(prompts: list, length: int, count: int, where: str = "the pr
     return [stream[e - length: e] for e in picked]
 
 
-def _timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
+def _timed(engine, request):
+    """(result, wall seconds, prefill seconds) of one request."""
+    (result,), stats = engine.generate_with_stats([request])
+    return result, stats.prefill_s + stats.decode_s, stats.prefill_s
 
 
 def prompt_requests(prompts: list[list[int]], params: SamplingParams, max_new_tokens: int,
@@ -158,16 +166,16 @@ def bench_block_size(pair, prompts: list[list[int]], block_size: int, max_new_to
     ar = local_engine(pair, longest, autoregressive=True, max_batch_size=1)
     dflash.generate([warm])
     ar.generate([warm])
-    spec_s = ar_s = 0.0
+    spec_s = ar_s = spec_prefill = ar_prefill = 0.0
     tokens, identical, lengths, accepted, pairs = 0, True, [], [], []
     for i, request in enumerate(requests):
         if i % 2:  # every other prompt AR first: a machine's drift within a prompt's pair favours neither
-            (ar_result,), t_ar = _timed(lambda: ar.generate([request]))
-            (spec,), t_spec = _timed(lambda: dflash.generate([request]))
+            ar_result, t_ar, p_ar = _timed(ar, request)
+            spec, t_spec, p_spec = _timed(dflash, request)
         else:
-            (spec,), t_spec = _timed(lambda: dflash.generate([request]))
-            (ar_result,), t_ar = _timed(lambda: ar.generate([request]))
-        spec_s, ar_s = spec_s + t_spec, ar_s + t_ar
+            spec, t_spec, p_spec = _timed(dflash, request)
+            ar_result, t_ar, p_ar = _timed(ar, request)
+        spec_s, ar_s, spec_prefill, ar_prefill = spec_s + t_spec, ar_s + t_ar, spec_prefill + p_spec, ar_prefill + p_ar
         pairs.append((t_spec, t_ar))
         identical &= spec.tokens == ar_result.tokens
         tokens += len(spec.tokens)
@@ -183,4 +191,5 @@ def bench_block_size(pair, prompts: list[list[int]], block_size: int, max_new_to
         per_position_acceptance=[sum(a >= i for a in accepted) / len(accepted) for i in range(1, k + 1)],
         acceptance_histogram={n: lengths.count(n) for n in range(1, block_size + 1)},
         identical=identical, acceptance_lengths=lengths, temperature=params.temperature, prompt_seconds=pairs,
+        spec_prefill_seconds=spec_prefill, ar_prefill_seconds=ar_prefill,
     )

@@ -83,7 +83,8 @@ def temperature_plot(results, path: str | Path) -> Path:
 
 def context_plot(rows: list[dict], path: str | Path) -> Path:
     """τ and DFlash / AR speed against the prompt's length, one line per series. `rows`: dicts with series,
-    context_length, tau, speedup (and optionally speedup_ci95 [lo, hi], drawn as error bars)."""
+    context_length, tau, speedup (optionally speedup_ci95 [lo, hi], drawn as error bars, and decode_speedup: the
+    ratio after the prompt is in, dashed)."""
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
     for name in dict.fromkeys(r["series"] for r in rows):
@@ -93,9 +94,12 @@ def context_plot(rows: list[dict], path: str | Path) -> Path:
         if all("speedup_ci95" in r for r in mine):
             errors = [[r["speedup"] - r["speedup_ci95"][0] for r in mine],
                       [r["speedup_ci95"][1] - r["speedup"] for r in mine]]
-            right.errorbar(xs, [r["speedup"] for r in mine], yerr=errors, marker="o", capsize=3, label=name)
+            line = right.errorbar(xs, [r["speedup"] for r in mine], yerr=errors, marker="o", capsize=3, label=name)[0]
         else:
-            right.plot(xs, [r["speedup"] for r in mine], marker="o", label=name)
+            (line,) = right.plot(xs, [r["speedup"] for r in mine], marker="o", label=name)
+        if all("decode_speedup" in r for r in mine):
+            right.plot(xs, [r["decode_speedup"] for r in mine], marker="s", linestyle="--", color=line.get_color(),
+                       label=f"{name}, decode only")
     right.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     left.set_ylabel("τ (mean acceptance length)")
     right.set_ylabel("DFlash / autoregressive speed")

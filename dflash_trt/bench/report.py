@@ -17,15 +17,15 @@ def print_local(results, caption: str | None = None) -> None:
                   caption=caption)
     lengths = any(r.context_length for r in results)
     for column in ("T", "block", *(["context"] if lengths else []), "prompts", "tokens", "τ", "DFlash tok/s",
-                   "AR tok/s", "speed-up (95% interval)", "identical", "acceptance by draft position"):
+                   "AR tok/s", "speed-up (95% interval)", "decode only", "identical", "accepted, drafts 1-5"):
         table.add_column(column, justify="right")
     for r in results:
-        rates = " ".join(f"{p:.2f}" for p in r.per_position_acceptance[:8]) + (" …" if r.block_size > 9 else "")
+        rates = " ".join(f"{p:.2f}" for p in r.per_position_acceptance[:5]) + (" …" if r.block_size > 6 else "")
         lo, hi = r.speedup_interval  # a bootstrap: computed once a row
         table.add_row(f"{r.temperature:g}", str(r.block_size), *([str(r.context_length)] if lengths else []),
                       str(r.prompts), str(r.generated_tokens), f"{r.mean_acceptance_length:.2f}",
                       f"{r.spec_tokens_per_s:.1f}", f"{r.ar_tokens_per_s:.1f}",
-                      f"{r.speedup:.2f}x ({lo:.2f}-{hi:.2f})",
+                      f"{r.speedup:.2f}x ({lo:.2f}-{hi:.2f})", f"{r.decode_speedup:.2f}x",
                       "yes" if r.identical else "NO", rates)
     _console.print(table)
 

@@ -93,7 +93,8 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
         written.append(plots.temperature_plot(results, out / "tau_vs_temperature.png"))
     if context_lengths:
         rows = [{"series": f"block {r.block_size}, T {r.temperature:g}", "context_length": r.context_length,
-                 "tau": r.mean_acceptance_length, "speedup": r.speedup, "speedup_ci95": list(r.speedup_interval)}
+                 "tau": r.mean_acceptance_length, "speedup": r.speedup, "speedup_ci95": list(r.speedup_interval),
+                 "decode_speedup": r.decode_speedup}
                 for r in results]
         written.append(plots.context_plot(rows, out / "context_lengths.png"))
     report.say("wrote " + ", ".join(str(w) for w in written))
@@ -132,7 +133,8 @@ def run_served(url, prompts_path, num_prompts, levels, max_new_tokens, sampling,
     ratios = scaling(points)
     report.print_served(points, ratios)
     out = _write(out_dir, _header("served", url=url, max_new_tokens=max_new_tokens, sampling=sampling, rounds=rounds,
-                                  context_lengths=context_lengths, points=[p.to_dict() for p in points], dflash_scaling_vs_c1=ratios))
+                                  context_lengths=context_lengths, points=[p.to_dict() for p in points],
+                                  dflash_scaling_vs_c1=ratios))
     first = [p for p in points
              if (p.temperature, p.context_length) == (points[0].temperature, points[0].context_length)]
     plots.pareto_plot(first, out / "pareto.png")
