@@ -8,12 +8,12 @@ tokens/s of each, their ratio with a 95% interval, and whether the tokens are id
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
+from dflash_trt.checkpoint.json_fields import jsonl_records
 from dflash_trt.decoding.requests import Request, StopCriteria
 from dflash_trt.decoding.sampling import SamplingParams
 from dflash_trt.runtime.local import local_engine
@@ -94,13 +94,7 @@ def load_prompts(path: str | Path | None, tokenizer, limit: int | None, served: 
 
     path = Path(path) if path else HELDOUT
     prompts = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{n}: not JSON ({exc.msg})") from None
+    for n, record in jsonl_records(path):
         if isinstance(record, dict) and isinstance(record.get("token_ids"), list):
             prompts.append([int(t) for t in record["token_ids"]])
         elif isinstance(record, dict) and isinstance(record.get("text"), str):

@@ -21,7 +21,6 @@ Trace formats (one JSON object per line):
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import time
@@ -29,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dflash_trt.checkpoint.json_fields import jsonl_records
 from dflash_trt.errors import ConfigError
 from dflash_trt.triton.client import grpc_generate, request_inputs
 
@@ -59,13 +59,7 @@ def load_trace(path: str) -> list[Session]:
     if not file.is_file():
         raise ConfigError(f"--trace {path}: no such file (or builtin:agents for the shipped agent workload)")
     sessions = []
-    for n, line in enumerate(file.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{file}:{n}: not JSON ({exc.msg})") from None
+    for n, record in jsonl_records(file):
         if isinstance(record, dict) and "turns" in record:
             sessions.append(_session(record, f"{file}:{n}"))
         elif isinstance(record, dict) and "hash_ids" in record:

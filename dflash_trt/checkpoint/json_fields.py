@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dflash_trt.errors import CheckpointError
+from dflash_trt.errors import CheckpointError, ConfigError
 
 _MISSING = object()
 
@@ -22,6 +23,18 @@ def load_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object at the top level")
     return data
+
+
+def jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of each non-blank line of a JSONL file; a line that does not parse is a
+    `ConfigError` naming the file and line."""
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
 
 
 class Fields:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from dflash_trt.checkpoint.json_fields import jsonl_records
 from dflash_trt.errors import ConfigError
 
 
@@ -52,13 +53,9 @@ def _encode(tokenizer, text: str, where: Path) -> list[int]:
 
 def _jsonl_samples(path: Path, tokenizer) -> list[Sample]:
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{n}: not valid JSON ({exc})") from None
+    for n, record in jsonl_records(path):
+        if not isinstance(record, dict):
+            raise ConfigError(f"{path}:{n}: expected a JSON object with a 'token_ids', 'text' or 'prompt' field")
         if "token_ids" in record:
             out.append(Sample([int(t) for t in record["token_ids"]], int(record.get("trained_from", 0))))
         elif "prompt" in record:
