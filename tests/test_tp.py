@@ -56,6 +56,25 @@ def test_tp2_over_gloo_gives_the_same_tokens_as_tp1(checkpoints):
             assert a.tokens == b.tokens and a.acceptance_lengths == b.acceptance_lengths, name
 
 
+@pytest.mark.slow
+def test_tp2_with_a_prefix_cache_restores_turns_and_decodes_like_tp1_without(checkpoints):
+    """A session's turns on two ranks with a prefix cache: the later turns restore the blocks the first left
+    (every rank the same ones, or the ranks would disagree) and give TP=1's tokens and acceptance without it."""
+    first = tuple(range(3, 43))  # 40 tokens: two full 16-token blocks
+    turns = (Request(first, stop=StopCriteria(10)), Request(first + (9, 9, 9), stop=StopCriteria(10)),
+             Request(first[:20] + (50, 51), SamplingParams(temperature=0.8, seed=3), StopCriteria(8)))
+    jobs = [TPJob(str(checkpoints[name, 2] / "target"), str(checkpoints[name, 2] / "draft"), turns, 4,
+                  prefix_cache_bytes=1 << 20) for name in CASES]
+    for name, results in zip(CASES, tp_generate(jobs, tp=2)):
+        folder = checkpoints[name, 1]
+        pair = load_trtllm_pair(folder / "target", folder / "draft", dtype="fp32", device="cpu")
+        reference = [generate(pair, [turn], block_size=4, width_policy="schedule")[0][0] for turn in turns]
+        for a, b in zip(results, reference):
+            assert a.tokens == b.tokens and a.acceptance_lengths == b.acceptance_lengths, name
+        assert [r.cached_tokens for r in results] == [0, 32, 16], name
+        assert [r.cached_tokens for r in reference] == [0, 0, 0]
+
+
 WORKER_TEARDOWN = """
 import sys
 from pathlib import Path

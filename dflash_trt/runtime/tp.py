@@ -22,7 +22,8 @@ if dist.is_available():
 
 from dflash_trt.backends.torch.parallel import load_trtllm_pair
 from dflash_trt.decoding.requests import GenerationResult, Request
-from dflash_trt.runtime.local import generate
+from dflash_trt.runtime.generate import capacity_for
+from dflash_trt.runtime.local import generate, local_engine
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class TPJob:
     block_size: int | None = None
     simulate: bool = True
     dtype: str = "auto"
+    # > 0: a prefix cache of this many bytes on every rank, and the requests decoded one after another, as a
+    # session's turns (a later one restores the blocks an earlier one left); every rank keeps the same blocks
+    prefix_cache_bytes: int = 0
 
 
 def init_tp(rank: int, world: int, init_file: Path) -> str:
@@ -64,7 +68,12 @@ def _worker(rank: int, world: int, folder: str, jobs: list[TPJob]) -> None:
             pair = load_trtllm_pair(job.target_dir, job.draft_dir, rank, job.dtype, device, job.simulate)
             # widths from a fixed schedule: measured ones would follow each rank's own timings, and ranks that
             # verify different widths would no longer run the same collectives
-            results, _ = generate(pair, list(job.requests), job.block_size, width_policy="schedule")
+            if job.prefix_cache_bytes:
+                engine = local_engine(pair, capacity_for(list(job.requests)), job.block_size, width_policy="schedule",
+                                      max_batch_size=1, prefix_cache_bytes=job.prefix_cache_bytes)
+                results = [engine.generate([request])[0] for request in job.requests]
+            else:
+                results, _ = generate(pair, list(job.requests), job.block_size, width_policy="schedule")
             out.append([asdict(r) for r in results])
         (Path(folder) / f"rank{rank}.json").write_text(json.dumps(out))
     finally:
