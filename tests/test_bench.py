@@ -60,6 +60,7 @@ def test_context_prompts_end_where_prompts_end_and_never_repeat():
     assert [p[-1] for p in cut] == [209, 409, 509]  # prompt ends spread over the 4 with 25 tokens before them
     assert cut[0] == list(range(5, 10)) + list(range(100, 110)) + list(range(200, 210))
     assert context_prompts(prompts, 60, 5) == [sum(prompts, [])]  # only the last end has 60 tokens before it
+    assert [p[-1] for p in context_prompts(prompts, 25, 9)] == [209, 309, 409, 509]  # fewer ends than asked: all
     with pytest.raises(ConfigError, match="60 tokens in all, fewer than --context-lengths 61"):
         context_prompts(prompts, 61, 2)
     with pytest.raises(ConfigError, match="'token_ids'"):

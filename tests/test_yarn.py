@@ -141,14 +141,34 @@ def test_the_converted_config_gives_trtllm_our_rope_table(tmp_path, rope):
     assert (logits - hf(ids).logits).abs().max() <= 1e-4
 
 
-@pytest.mark.parametrize("extra,field", [({"truncate": False}, "rope_scaling.truncate"),
-                                         ({"attention_factor": 0.9}, "rope_scaling.attention_factor")])
-def test_conversion_refuses_a_yarn_the_engine_table_cannot_reproduce(tmp_path, extra, field):
+@pytest.mark.parametrize("extra", [{"truncate": False}, {"attention_factor": 0.9}])
+def test_conversion_refuses_a_yarn_the_engine_table_cannot_reproduce(tmp_path, extra):
     hf = make_target(tmp_path / "t", "qwen3", max_position_embeddings=4 * ORIGINAL, rope_scaling=YARN | extra)
     make_draft(tmp_path / "d", hf.config)
-    with pytest.raises(UnsupportedModelError, match=f"config.json: field '{field}'"):
+    written = json.loads((tmp_path / "t" / "config.json").read_text())
+    key = "rope_parameters" if "rope_parameters" in written else "rope_scaling"  # as this transformers saves it
+    assert written[key][next(iter(extra))] == next(iter(extra.values()))
+    with pytest.raises(UnsupportedModelError, match=f"t/config.json: field '{key}.{next(iter(extra))}'"):
         run_convert(tmp_path / "t", tmp_path / "d", tmp_path / "out")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_trtllm_checkpoint_reads_back_as_its_engine_computes(tmp_path):
+    """A checkpoint config.json TensorRT-LLM would read differently from transformers (a lone mscale; keys left
+    to TensorRT-LLM's defaults) runs in the torch backend with the engine's table, not transformers'."""
+    hf = make_target(tmp_path / "t", "qwen3", max_position_embeddings=4 * ORIGINAL, rope_scaling=YARN)
+    make_draft(tmp_path / "d", hf.config)
+    run_convert(tmp_path / "t", tmp_path / "d", tmp_path / "out")
+    path = tmp_path / "out" / "target" / "config.json"
+    config = json.loads(path.read_text())
+    config["rotary_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL,
+                                "mscale": 0.707}  # no beta_*, no mscale_all_dim: the engine's defaults
+    path.write_text(json.dumps(config))
+    rope = read_trtllm_config(path).model.dims.rope
+    cos, _ = trtllm_yarn_table(config)
+    assert rope.attention_scaling() == pytest.approx(0.1 * 0.707 * math.log(4.0) + 1)  # transformers: 0.1 ln 4 + 1
+    assert torch.allclose(Rotary(rope, config["rotary_embedding_dim"])._table(4 * ORIGINAL, torch.float32)[0][:128],
+                          cos, rtol=0, atol=1e-6)
 
 
 def test_a_trtllm_build_past_the_yarn_table_is_refused(tmp_path, yarn_pair):

@@ -16,19 +16,16 @@ from dflash_trt.engine.pair_check import OK, WARN, Check
 
 
 def _prompt_texts(path, tokenizer, limit: int) -> list[str]:
-    import json
-
+    from dflash_trt.checkpoint.json_fields import jsonl_records
     from dflash_trt.engine.golden import HELDOUT
 
     texts = []
-    for line in Path(path or HELDOUT).read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            text = record.get("text") if isinstance(record, dict) else None
-            if text is None and isinstance(record, dict) and "token_ids" in record:
-                text = tokenizer.decode(record["token_ids"])
-            if text:
-                texts.append(text)
+    for _, record in jsonl_records(Path(path or HELDOUT)):
+        text = record.get("text") if isinstance(record, dict) else None
+        if text is None and isinstance(record, dict) and "token_ids" in record:
+            text = tokenizer.decode(record["token_ids"])
+        if text:
+            texts.append(text)
     return texts[:limit]
 
 

@@ -51,8 +51,8 @@ class BlockResult:
 
     @property
     def decode_speedup(self) -> float:
-        """The speed-up after the prompt is in: what DFlash changes; a long prompt's prefill, the same work
-        both ways, pulls the end-to-end ratio towards 1."""
+        """The speed-up after the prompt is in: what DFlash changes; a long prompt's prefill (the target's on
+        both sides, plus the drafter's context on DFlash's) pulls the end-to-end ratio towards 1."""
         return (self.ar_seconds - self.ar_prefill_seconds) / (self.spec_seconds - self.spec_prefill_seconds)
 
     @property
@@ -127,7 +127,8 @@ def context_prompts(prompts: list, length: int, count: int, where: str = "the pr
     if not ends:
         raise ConfigError(f"{where}: {len(stream)} tokens in all, fewer than --context-lengths {length}; give "
                           "--prompts with more text")
-    picked = sorted({ends[round(i * (len(ends) - 1) / max(count - 1, 1))] for i in range(min(count, len(ends)))})
+    n = min(count, len(ends))
+    picked = sorted({ends[round(i * (len(ends) - 1) / max(n - 1, 1))] for i in range(n)})
     return [stream[e - length: e] for e in picked]
 
 

@@ -58,7 +58,6 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
     apply_draft_vocab(pair, draft_vocab)
     sets = _prompt_sets(prompts_path, load_prompts(prompts_path, pair.tokenizer, None), num_prompts, context_lengths,
                         pair.target.config.dims.max_position_embeddings, max_new_tokens)
-    prompts = next(iter(sets.values()))
     stop_ids = stop_token_ids(pair.tokenizer, pair.target.config.eos_token_ids)
     results = []  # each (temperature, block size) warms both decoders on an untimed prompt first (bench_block_size)
     temperatures = sampling.get("temperatures") or [sampling.get("temperature", 0.0)]
@@ -78,7 +77,7 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
                                 f"{min_confidence or 'off (full blocks)'}; verify widths {width_policy}")
     extra = {}
     if reference:
-        comparisons = _compare_reference(pair, prompts, block_sizes, max_new_tokens, min_confidence, width_policy)
+        comparisons = _compare_reference(pair, sets[None], block_sizes, max_new_tokens, min_confidence, width_policy)
         report.print_reference(comparisons)
         extra["reference"] = [c.to_dict() for c in comparisons]
     out = _write(out_dir, _header("local", target=str(target), draft=str(draft), max_new_tokens=max_new_tokens,
@@ -86,8 +85,9 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
                                   width_policy=width_policy, context_lengths=context_lengths,
                                   draft_vocab_size=pair.draft.vocab_size,
                                   results=[r.to_dict() for r in results], **extra))
-    plots.acceptance_histogram({f"block {r.block_size}" + (f" T {r.temperature:g}" if len(temperatures) > 1 else ""):
-                                r.acceptance_lengths for r in results}, max(block_sizes), out / "acceptance_histogram.png")
+    plots.acceptance_histogram({f"block {r.block_size}" + (f" T {r.temperature:g}" if len(temperatures) > 1 else "")
+                                + (f", {r.context_length} tokens" if r.context_length else ""): r.acceptance_lengths
+                                for r in results}, max(block_sizes), out / "acceptance_histogram.png")
     written = [out / "results.json", out / "acceptance_histogram.png"]
     if len(temperatures) > 1 and not context_lengths:
         written.append(plots.temperature_plot(results, out / "tau_vs_temperature.png"))
@@ -128,7 +128,10 @@ def run_served(url, prompts_path, num_prompts, levels, max_new_tokens, sampling,
             return lambda: progress.advance(task)
 
         for length, prompts in sets.items():
-            found = sweep(url, prompts, levels, max_new_tokens, sampling, progress_factory=factory, rounds=rounds)
+            def named(name, total, length=length):
+                return factory(name + (f", {length} tokens" if length else ""), total)
+
+            found = sweep(url, prompts, levels, max_new_tokens, sampling, progress_factory=named, rounds=rounds)
             points += [replace(p, context_length=length) for p in found]
     ratios = scaling(points)
     report.print_served(points, ratios)

@@ -45,6 +45,8 @@ class RopeConfig:
     mscale: float | None = None
     mscale_all_dim: float | None = None
     truncate: bool = True
+    # where the config spelled it ("rope_parameters" or "rope_scaling"): for error messages only
+    config_key: str = field(default="rope_scaling", compare=False)
 
     def attention_scaling(self) -> float:
         """The factor yarn multiplies cos / sin by, as transformers' `_compute_yarn_parameters` (1.0 otherwise)."""
@@ -149,6 +151,11 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
 
 
 def parse_rope(f: Fields) -> RopeConfig:
+    rope = _parse_rope(f)
+    return replace(rope, config_key="rope_parameters" if f.has("rope_parameters") else "rope_scaling")
+
+
+def _parse_rope(f: Fields) -> RopeConfig:
     params = f.sub("rope_parameters") if f.has("rope_parameters") else None
     scaling = params if params is not None else f.sub("rope_scaling")
     theta = params.float("rope_theta", None) if params is not None else None
@@ -177,7 +184,7 @@ def parse_rope(f: Fields) -> RopeConfig:
 
 
 def _parse_yarn(f: Fields, scaling: Fields, theta: float) -> RopeConfig:
-    """YaRN as transformers reads it: `factor` (default max_position_embeddings / original), the rest optional."""
+    """YaRN as transformers reads it: `factor` (null: max_position_embeddings / original), the rest optional."""
     original = scaling.int("original_max_position_embeddings", minimum=1)
     factor = scaling.float("factor", None)
     if factor is None:

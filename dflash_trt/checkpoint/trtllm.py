@@ -19,7 +19,6 @@ from dflash_trt.checkpoint.configs import TransformerDims
 from dflash_trt.checkpoint.quant.modes import handler_for_algo
 from dflash_trt.checkpoint.trtllm_config import (
     TrtllmConfig,
-    check_engine_rope,
     check_tp,
     local_dims,
     read_trtllm_config,
@@ -92,7 +91,6 @@ def _check_config(cfg: TrtllmConfig, where: Path) -> None:
         raise CheckpointError(f"{where}: field 'quantization.kv_cache_quant_algo': "
                               f"'{cfg.quant.kv_cache_quant_algo}' is not supported; expected null or FP8")
     check_tp(cfg.model.dims, cfg.tp_size, where)
-    check_engine_rope(cfg.model.dims.rope, where)
     problem = check_quantizable(cfg)
     if problem:
         raise CheckpointError(f"{where}: field '{problem[0]}': {problem[1]}")

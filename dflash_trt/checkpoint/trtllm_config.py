@@ -122,19 +122,24 @@ def trtllm_yarn_mscales(rope: RopeConfig) -> tuple[float, float]:
 
 
 def check_engine_rope(rope: RopeConfig, where: Path) -> None:
-    """Refuse a yarn the engine's RoPE table would compute differently from transformers."""
+    """Refuse a target's yarn that the engine's RoPE table would compute differently from transformers."""
     if rope.type != "yarn":
         return
     if not rope.truncate:
-        raise UnsupportedModelError(f"{where}: field 'rope_scaling.truncate': false is not supported by TensorRT-LLM's "
-                                    "yarn table (it always rounds the ramp bounds to integers); expected true")
-    mscale, mscale_all_dim = trtllm_yarn_mscales(rope)
-    engine = yarn_mscale(rope.factor, mscale) / yarn_mscale(rope.factor, mscale_all_dim)
+        raise UnsupportedModelError(f"{where}: field '{rope.config_key}.truncate': false is not supported by "
+                                    "TensorRT-LLM's yarn table (it always rounds the ramp bounds to integers); "
+                                    "expected true")
+    engine = trtllm_yarn_attention_factor(rope.factor, *trtllm_yarn_mscales(rope))
     if abs(engine - rope.attention_scaling()) > 1e-6 * engine:
         raise UnsupportedModelError(
-            f"{where}: field 'rope_scaling.attention_factor': {rope.attention_factor} differs from the "
+            f"{where}: field '{rope.config_key}.attention_factor': {rope.attention_factor} differs from the "
             f"{engine:.6g} TensorRT-LLM's yarn table computes from factor / mscale / mscale_all_dim (it reads no "
             "attention_factor); expected it unset or equal")
+
+
+def trtllm_yarn_attention_factor(factor: float, mscale: float, mscale_all_dim: float) -> float:
+    """The factor on cos / sin of TensorRT-LLM's yarn table."""
+    return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
 
 
 def check_tp(dims: TransformerDims, tp: int, where: Path) -> None:
@@ -171,11 +176,12 @@ def _parse_rope(f: Fields) -> RopeConfig:
         return RopeConfig(theta=theta)
     if kind == "linear":
         return RopeConfig(theta=theta, type=kind, factor=s.float("factor"))
-    if kind == "yarn":
-        return RopeConfig(theta=theta, type=kind, factor=s.float("factor"), beta_fast=s.float("beta_fast"),
-                          beta_slow=s.float("beta_slow"),
-                          original_max_position_embeddings=s.int("original_max_position_embeddings", minimum=1),
-                          mscale=s.float("mscale"), mscale_all_dim=s.float("mscale_all_dim"))
+    if kind == "yarn":  # read as the engine reads it: its defaults, its factor on cos / sin
+        factor = s.float("factor", 1.0)
+        scaling = trtllm_yarn_attention_factor(factor, s.float("mscale", 1.0), s.float("mscale_all_dim", 0.0))
+        return RopeConfig(theta=theta, type=kind, factor=factor, beta_fast=s.float("beta_fast", 32.0),
+                          beta_slow=s.float("beta_slow", 1.0), attention_factor=scaling,
+                          original_max_position_embeddings=s.int("original_max_position_embeddings", 4096, minimum=1))
     if kind != "llama3":
         raise s.error("type", f"'{kind}' is not supported; expected default, linear, llama3 or yarn")
     return RopeConfig(theta=theta, type=kind, factor=s.float("factor"), low_freq_factor=s.float("low_freq_factor"),

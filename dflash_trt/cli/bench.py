@@ -88,6 +88,9 @@ def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, co
     if (chain_calls or trace) and not url:
         raise click.BadParameter("this runs through a server: add --url HOST:GRPC_PORT",
                                  param_hint="--chain" if chain_calls else "--trace")
+    if context_lengths and min(context_lengths) < 1:
+        raise click.BadParameter("lengths are numbers of tokens >= 1", param_hint="--context-lengths")
+    context_lengths = sorted(set(context_lengths)) if context_lengths else None
     if context_lengths and (trace or chain_calls or reference):
         raise click.BadParameter("measures single requests: drop --trace, --chain and --reference",
                                  param_hint="--context-lengths")

@@ -8,10 +8,10 @@ committed baseline. Prompt entries: `builtin:heldout[:N]` (the shipped pair's he
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
+from dflash_trt.checkpoint.json_fields import jsonl_records
 from dflash_trt.errors import ConfigError
 
 HELDOUT = Path(__file__).resolve().parent.parent / "assets" / "heldout_prompts.jsonl"
@@ -20,7 +20,7 @@ HELDOUT = Path(__file__).resolve().parent.parent / "assets" / "heldout_prompts.j
 def builtin_prompts(limit: int | None = None) -> list[dict]:
     if not HELDOUT.is_file():
         raise ConfigError(f"{HELDOUT}: the shipped held-out prompts are missing")
-    records = [json.loads(line) for line in HELDOUT.read_text().splitlines() if line.strip()]
+    records = [record for _, record in jsonl_records(HELDOUT)]
     return records[:limit] if limit else records
 
 

@@ -109,7 +109,8 @@ def plan_trtllm_build(cfg: BuildConfig, tmp_dir: str | Path) -> TrtllmPlan:
     positions = engine_lengths(runtime.max_seq_len, block_size, runtime.max_batch_size)["max_seq_len"]
     if t.dims.rope.type == "yarn" and positions > t.dims.max_position_embeddings:
         # TensorRT-LLM's yarn cos / sin table has max_position_embeddings rows and the attention kernels index
-        # it by position unclamped (tensorrt_llm/layers/attention.py, Attention.create_attention_const_params)
+        # it by position unclamped (tensorrt_llm/layers/attention.py, Attention.create_attention_const_params);
+        # yarn lives only in that table (the kernels' RotaryScalingType has no yarn); other types were not read
         raise ConfigError(f"{cfg.source}: field 'runtime.max_seq_len': {runtime.max_seq_len} needs {positions} "
                           f"engine positions, past the {t.dims.max_position_embeddings} rows of the target's yarn "
                           f"table (max_position_embeddings); expected <= "
