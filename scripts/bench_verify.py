@@ -5,11 +5,12 @@
 - latency: B=1, K=15 (a 16-token block), V=151936 (Qwen3 vocabulary), per dtype and sampling
   mode, L2-warm (the same logits again) and L2-cold (a 256 MiB write in between), median of
   `iters` CUDA-event timings; the torch reference on the same inputs for comparison;
-- read bandwidth: B=64, K=15, V=151936; bytes of logits read once / time, against the peak from
-  the device properties (2 * bus width * memory clock) and a measured device-to-device copy;
-- agreement: kernel tokens == reference tokens on every benchmark input (a failure for greedy
-  and plain sampling; reported only for top-p, where the reference's fp32 masses may move the
-  boundary by one token: docs/verify-plugin.md).
+- read bandwidth: B=64, K=15, V=151936; bytes of logits read once / time;
+- HBM share: bytes of logits / (time x peak HBM bandwidth), for B=1 L2-cold and B=64; the peak is the
+  datasheet figure for the device name where PEAK_HBM_GBS has it (H200: 4.8 TB/s), else 2 * bus width *
+  memory clock from the device properties; the report says which, beside a measured device-to-device copy;
+- agreement: kernel tokens == reference tokens on every benchmark input, top-p included (the kernel and
+  the reference share one fixed-point top-p mass: docs/verify-plugin.md); any mismatch is exit status 1.
 Sampling modes: greedy (T=0), sample (T=0.8), topk_topp (T=0.8, top_k=50, top_p=0.9).
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -31,6 +33,10 @@ from dflash_trt.kernels import verify as dispatch  # noqa: E402
 VOCAB, K = 151936, 15
 MODES = {"greedy": (0.0, 0, 1.0), "sample": (0.8, 0, 1.0), "topk_topp": (0.8, 50, 0.9)}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# Peak memory bandwidth, GB/s, from NVIDIA's datasheets, by a word of torch.cuda.get_device_name() (GH200 is
+# not an H200); the first match wins, so a variant precedes its family ("H100 NVL" before "H100", the SXM part).
+PEAK_HBM_GBS = (("H200", 4800), ("B200", 8000), ("H100 NVL", 3900), ("H100 PCIe", 2000), ("H100", 3350),
+                ("A100-SXM4-80GB", 2039), ("A100 80GB PCIe", 1935), ("A100", 1555), ("L40S", 864))
 
 
 def make_inputs(batch: int, dtype: torch.dtype, mode: str, seed: int = 0):
@@ -65,10 +71,18 @@ def time_us(fn, iters: int, flush: torch.Tensor | None = None) -> dict:
             "p90": samples[(9 * len(samples)) // 10]}
 
 
-def peak_bandwidth_gbs() -> float | None:
+def properties_bandwidth_gbs() -> float | None:
     props = torch.cuda.get_device_properties(0)
     bus, clock_khz = getattr(props, "memory_bus_width", 0), getattr(props, "memory_clock_rate", 0)
     return 2 * bus / 8 * clock_khz * 1e3 / 1e9 if bus and clock_khz else None
+
+
+def peak_bandwidth(name: str, from_properties: float | None) -> tuple[float | None, str]:
+    """(GB/s, where the figure comes from) for the device called `name`."""
+    for part, gbs in PEAK_HBM_GBS:
+        if re.search(rf"\b{re.escape(part)}\b", name):
+            return float(gbs), f"datasheet ({part})"
+    return from_properties, "device properties (2 x bus width x memory clock)"
 
 
 def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
@@ -96,6 +110,7 @@ def run(iters: int) -> dict:
                 "kernel_cold": time_us(lambda: kernel(args), iters, flush),
                 "reference_warm": time_us(lambda: reference_verify(*args), max(iters // 10, 5)),
             }
+            report["latency_us"][key]["bytes"] = args[0].numel() * args[0].element_size()
             big = make_inputs(64, dtype, mode, seed=1)
             t = time_us(lambda: kernel(big), max(iters // 4, 10))["median"]
             nbytes = big[0].numel() * big[0].element_size()
@@ -104,11 +119,22 @@ def run(iters: int) -> dict:
             got = torch.cat([kernel(a)[0].flatten() for a in (args, big)])
             want = torch.cat([reference_verify(*a)[0].flatten() for a in (args, big)])
             report["mismatches"][key] = int((got != want).sum())
-    peak = peak_bandwidth_gbs()
-    report["peak_bandwidth_gbs"] = {"from_properties": peak, "measured_copy": copy_bandwidth_gbs()}
-    for entry in report["bandwidth"].values():
-        entry["fraction_of_peak"] = entry["read_gbs"] / peak if peak else None
+    from_properties = properties_bandwidth_gbs()
+    peak, source = peak_bandwidth(report["device"], from_properties)
+    report["peak_bandwidth_gbs"] = {"used": peak, "source": source, "from_properties": from_properties,
+                                    "measured_copy": copy_bandwidth_gbs()}
+    report["hbm_share"] = {key: hbm_share(report["latency_us"][key], report["bandwidth"][key], peak)
+                           for key in report["latency_us"]}
     return report
+
+
+def hbm_share(latency: dict, bandwidth: dict, peak_gbs: float | None) -> dict:
+    """Bytes of logits read / (kernel time x peak bandwidth): B=1 with the logits out of L2, and B=64."""
+    if not peak_gbs:
+        return {"b1_cold": None, "b64": None}
+    share = lambda nbytes, us: nbytes / (us * 1e-6 * peak_gbs * 1e9)  # noqa: E731
+    return {"b1_cold": share(latency["bytes"], latency["kernel_cold"]["median"]),
+            "b64": share(bandwidth["bytes"], bandwidth["median_us"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,14 +144,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     report = run(args.iters)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
+    peak = report["peak_bandwidth_gbs"]
+    print(f"peak HBM bandwidth {peak['used'] or float('nan'):.0f} GB/s ({peak['source']})")
     for key, lat in report["latency_us"].items():
-        bw = report["bandwidth"][key]
+        bw, share = report["bandwidth"][key], report["hbm_share"][key]
         print(f"{key:16s} B=1 warm {lat['kernel_warm']['median']:8.1f} us  cold {lat['kernel_cold']['median']:8.1f} us"
               f"  (torch {lat['reference_warm']['median']:8.1f} us)  B=64 {bw['read_gbs']:7.0f} GB/s"
+              f"  HBM share B=1 cold {percent(share['b1_cold'])} B=64 {percent(share['b64'])}"
               f"  mismatches {report['mismatches'][key]}")
     print(f"wrote {args.out}")
-    exact = {k: v for k, v in report["mismatches"].items() if not k.endswith("topk_topp")}
-    return 1 if any(exact.values()) else 0
+    return 1 if any(report["mismatches"].values()) else 0
+
+
+def percent(x: float | None) -> str:
+    return f"{100 * x:5.1f}%" if x is not None else "  n/a"
 
 
 if __name__ == "__main__":

@@ -1,130 +1,169 @@
 #!/usr/bin/env bash
-# Everything a lent GPU machine can check without TensorRT (one H200: under 8 minutes), for a CUDA
-# machine with a CUDA build of torch and nvcc on PATH:
-#   1. CMake build: kernels for every GPU the routes accept (the default: dflash_trt/kernels/archs.py,
-#      sm_80 .. sm_121 + compute_80 PTX), fatbin, CPU twin, TensorRT plugin where its headers are
-#      (TENSORRT_ROOT or TRT_ROOT), torch op where torch has CUDA; the fatbin's archs read back;
-#   2. the torch op (the CMake one, else `python -m dflash_trt.kernels.build_op`);
-#   3. pytest: plugin kernels vs the reference and the CPU twin (-m gpu), dispatch tests;
-#   4. micro-benchmark: latency at B=1, K=15, V=151936 and read bandwidth at B=64;
-#   5. the torch runner on CUDA, fp32 and bf16, lossless vs AR at the presets' batch sizes (1, 8) and
-#      block widths (16, 8, 4), greedy and sampled (scripts/gpu_lossless.py; fp32 required identical);
-#   6. one JSON report: $OUT_DIR/gpu_check.json (logs beside it).
-# Usage: scripts/gpu_check.sh [OUT_DIR]   (default out/gpu_check; env: CUDA_ARCHS (default: the CMake
-#        default list), TENSORRT_ROOT=/path/to/TensorRT, PYTHON=python, BENCH_ITERS=200, STEP_TIMEOUT=240)
-# Exit status: 0 only if the build, every test, the benchmark's agreement check and the lossless check passed.
-set -euo pipefail
+# Everything a lent GPU machine can check without TensorRT, for a CUDA machine with a CUDA build of torch
+# and nvcc on PATH (one H200: under 8 minutes). Steps, each recorded as passed / failed / skipped:
+#   versions     nvcc's CUDA, torch's CUDA and the driver's (nvidia-smi), printed; a mismatch stops the run;
+#   cmake_build  kernels for every GPU the routes accept (dflash_trt/kernels/archs.py: sm_80 .. sm_121 +
+#                compute_80 PTX), fatbin, CPU twin, TensorRT plugin where its headers are (TENSORRT_ROOT or
+#                TRT_ROOT), torch op where torch has CUDA; the fatbin's archs read back;
+#   torch_op     the CMake op, else `python -m dflash_trt.kernels.build_op`; an op that does not load stops
+#                the run (kernel_status() says why);
+#   tests        kernel vs twin vs reference at every dtype x sampling mode (tests/test_verify_kernel_gpu.py)
+#                and the dispatch tests after them in the same process (tests/test_kernel_dispatch.py);
+#   bench        scripts/bench_verify.py: latency and HBM share at V=151936; any token mismatch fails;
+#   memcheck, racecheck   compute-sanitizer on one op call per dtype (skipped without compute-sanitizer);
+#   lossless     the torch runner on CUDA, fp32 and bf16, DFlash vs AR (scripts/gpu_lossless.py);
+#   cuda_graphs  eager vs CUDA-graph decode (`gpu_lossless.py --cuda-graphs compare`), where the script has it;
+#   report       $OUT_DIR/gpu_check.json (logs beside it).
+# --dry-run (or DRY_RUN=1) runs what needs no GPU, on any machine: the arguments, the version checks
+# (driver and GPU reported "skipped: dry run"), the CMake configure and build of the CUDA sources for one
+# arch (sm_90) where nvcc and cmake are, and the report with every GPU step marked skipped.
+# Python: $PYTHON, else --venv DIR's, else $VIRTUAL_ENV's, else python3 (else python) on PATH; the CUDA
+# build of torch on a lent machine is installed system-wide, so no project venv is sourced.
+# Usage: scripts/gpu_check.sh [--dry-run] [--venv DIR] [OUT_DIR]   (default out/gpu_check; env: CUDA_ARCHS
+#        (default: the CMake default list), TENSORRT_ROOT=/path/to/TensorRT, PYTHON, BENCH_ITERS=200,
+#        STEP_TIMEOUT=240, DRY_RUN=1)
+# Exit status: 0 only if every step that was not skipped passed.
+set -uo pipefail
+CALLER_DIR=$(pwd)
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-OUT_DIR=${1:-out/gpu_check}
-mkdir -p "$OUT_DIR"
-OUT_DIR=$(cd "$OUT_DIR" && pwd)
-PYTHON=${PYTHON:-python}
-BUILD_DIR=$ROOT/plugins/dflash_verify/build
-if [ -z "${VIRTUAL_ENV:-}" ] && [ -f .venv/bin/activate ]; then . .venv/bin/activate; fi
+
+usage() { sed -n '/^# Usage:/,/^# Exit status/s/^# \{0,1\}//p' "$0"; }
+die() { printf 'gpu_check: %s\n' "$*" >&2; exit 2; }
+
+case ${DRY_RUN:-0} in 0 | "" | false | no) DRY_RUN=0 ;; *) DRY_RUN=1 ;; esac
+VENV="" OUT_DIR=$ROOT/out/gpu_check
+while [ $# -gt 0 ]; do
+  case $1 in
+    --dry-run) DRY_RUN=1 ;;
+    --venv) [ $# -ge 2 ] || die "--venv needs a folder"; VENV=$2; shift ;;
+    -h | --help) usage; exit 0 ;;
+    -*) usage >&2; die "unknown option $1" ;;
+    *) OUT_DIR=$1 ;;
+  esac
+  shift
+done
+absolute() { case $1 in /*) echo "$1" ;; *) echo "$CALLER_DIR/$1" ;; esac; }  # paths given relative to the caller
+OUT_DIR=$(absolute "$OUT_DIR")
+[ -z "$VENV" ] || VENV=$(absolute "$VENV")
+if [ -n "$VENV" ]; then
+  [ -x "$VENV/bin/python" ] || die "--venv $VENV has no bin/python"
+  export VIRTUAL_ENV=$VENV PATH=$VENV/bin:$PATH
+  PYTHON=$VENV/bin/python
+elif [ -z "${PYTHON:-}" ]; then
+  if [ -n "${VIRTUAL_ENV:-}" ]; then PYTHON=$VIRTUAL_ENV/bin/python; else PYTHON=$(command -v python3 || command -v python || true); fi
+fi
+case $PYTHON in */*) PYTHON=$(absolute "$PYTHON") ;; esac  # cmake runs it from its build folder
+[ -n "$PYTHON" ] && command -v "$PYTHON" >/dev/null || die "no python3 on PATH (set PYTHON=/path/to/python)"
+mkdir -p "$OUT_DIR" || die "cannot create $OUT_DIR"
+T=${STEP_TIMEOUT:-240}
+DRY_FLAG=() BUILD_DIR=$ROOT/plugins/dflash_verify/build DRY_RUN_SKIP="skipped: dry run"
+if [ "$DRY_RUN" = 1 ]; then DRY_FLAG=(--dry-run) BUILD_DIR=$OUT_DIR/cmake_build; fi
+STEPS=$OUT_DIR/steps.tsv
+: >"$STEPS"
+rm -f "$OUT_DIR"/{versions,bench,lossless,cuda_graphs,gpu_check}.json "$OUT_DIR/pytest.xml"
 
 step() { printf '\n== %s\n' "$*"; }
-die() { printf 'gpu_check: %s\n' "$*" >&2; exit 1; }
-trap 'printf "gpu_check: failed at line %s (logs in %s)\n" "$LINENO" "$OUT_DIR" >&2' ERR
+record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$STEPS"; }  # step, status, exit status, detail
+skip() { record "$1" skipped "" "$2"; echo "$1: $2"; }
+# run_step STEP LOG CMD...: CMD under the step timeout, its output on the terminal and in LOG; records the result.
+run_step() {
+  local name=$1 log=$2 rc=0
+  shift 2
+  timeout "$T" "$@" 2>&1 | tee "$log" || rc=$?
+  if [ "$rc" = 0 ]; then record "$name" passed 0 "log: $log"; else record "$name" failed "$rc" "exit $rc; log: $log"; fi
+  return "$rc"
+}
+finish() {
+  step "report"
+  "$PYTHON" scripts/gpu_check_steps.py report "$OUT_DIR" --build-dir "$BUILD_DIR" "${DRY_FLAG[@]}"
+  local rc=$?
+  if [ "$rc" = 0 ]; then echo "gpu_check: OK; report in $OUT_DIR/gpu_check.json"
+  else echo "gpu_check: FAILED; see $OUT_DIR/gpu_check.json and the logs beside it" >&2; fi
+  exit "$rc"
+}
 
-step "environment"
-command -v nvcc >/dev/null || die "nvcc not on PATH (install the CUDA toolkit or add its bin/ to PATH)"
-command -v cmake >/dev/null || die "cmake not on PATH (pip install cmake, or apt-get install cmake)"
-"$PYTHON" - <<'EOF' || die "needs a CUDA build of torch and a visible GPU (see the message above)"
-import sys, torch
-if torch.version.cuda is None:
-    sys.exit(f"torch {torch.__version__} is a CPU build")
-if not torch.cuda.is_available():
-    sys.exit("torch.cuda.is_available() is False: no visible GPU or driver")
-print(f"torch {torch.__version__} (CUDA {torch.version.cuda}) on {torch.cuda.get_device_name(0)}")
-EOF
-nvcc --version | tail -n 2
-if [ -z "${CUDA_ARCHS:-}" ]; then  # the routes' list where nvcc knows all of it (CUDA >= 12.9), else this GPU's
-  CUDA_ARCHS=$("$PYTHON" -c "from dflash_trt.kernels import archs; print(';'.join(archs.SASS))")
-  for arch in ${CUDA_ARCHS//;/ }; do
-    nvcc --list-gpu-code | grep -qx "sm_$arch" || {
-      CUDA_ARCHS=$("$PYTHON" -c "import torch; M, m = torch.cuda.get_device_capability(); print(f'{M}{m}')"); break; }
-  done
+step "versions: nvcc, torch and driver CUDA"
+run_step versions "$OUT_DIR/versions.log" "$PYTHON" scripts/gpu_check_steps.py versions \
+  --out "$OUT_DIR/versions.json" "${DRY_FLAG[@]}" || finish
+[ "$DRY_RUN" = 1 ] || nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+
+if [ "$DRY_RUN" = 1 ]; then
+  CUDA_ARCHS=90 PTX_ARCHS="" TARGETS=(--target dflash_verify_kernels dflash_verify_fatbin)
+else
+  PTX_ARCHS=$("$PYTHON" -c "from dflash_trt.kernels import archs; print(';'.join(archs.PTX))") TARGETS=()
+  if [ -z "${CUDA_ARCHS:-}" ]; then  # the routes' list where nvcc knows all of it (CUDA >= 12.9), else this GPU's
+    CUDA_ARCHS=$("$PYTHON" -c "from dflash_trt.kernels import archs; print(';'.join(archs.SASS))")
+    for arch in ${CUDA_ARCHS//;/ }; do
+      nvcc --list-gpu-code | grep -qx "sm_$arch" || {
+        CUDA_ARCHS=$("$PYTHON" -c "import torch; M, m = torch.cuda.get_device_capability(); print(f'{M}{m}')"); break; }
+    done
+  fi
 fi
-T=${STEP_TIMEOUT:-240}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
-
-step "cmake build (archs: $CUDA_ARCHS)"
-BUILD_STATUS=ok
-{
-  cmake -S plugins/dflash_verify -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release \
-    -DDFLASH_VERIFY_CUDA_ARCHS="$CUDA_ARCHS" -DPython3_EXECUTABLE="$(command -v "$PYTHON")" \
-    ${TENSORRT_ROOT:+-DTENSORRT_ROOT="$TENSORRT_ROOT"} &&
-  timeout "$T" cmake --build "$BUILD_DIR" -j "$(nproc)"
-} >"$OUT_DIR/cmake.log" 2>&1 || BUILD_STATUS=failed
-grep -E "dflash_verify:|error" "$OUT_DIR/cmake.log" || true
-echo "cmake build: $BUILD_STATUS"
+step "cmake build (archs: $CUDA_ARCHS${PTX_ARCHS:+ + PTX $PTX_ARCHS})"
+if command -v nvcc >/dev/null && command -v cmake >/dev/null; then
+  run_step cmake_build "$OUT_DIR/cmake.log" bash -c 'cmake -S plugins/dflash_verify -B "$1" -DCMAKE_BUILD_TYPE=Release \
+      -DDFLASH_VERIFY_CUDA_ARCHS="$2" -DDFLASH_VERIFY_PTX_ARCHS="$3" -DPython3_EXECUTABLE="$4" \
+      ${TENSORRT_ROOT:+-DTENSORRT_ROOT="$TENSORRT_ROOT"} && cmake --build "$1" -j "$(nproc)" "${@:5}"' \
+    _ "$BUILD_DIR" "$CUDA_ARCHS" "$PTX_ARCHS" "$(command -v "$PYTHON")" "${TARGETS[@]}" >/dev/null
+  grep -E "dflash_verify:|error" "$OUT_DIR/cmake.log"
+else
+  skip cmake_build "skipped: nvcc or cmake not on PATH"
+fi
 
 step "torch op"
-OP_SOURCE=cmake
-OP_LIB=$BUILD_DIR/libdflash_verify_torch.so
-if [ ! -f "$OP_LIB" ]; then
-  OP_SOURCE=cpp_extension
-  OP_LIB=$("$PYTHON" -m dflash_trt.kernels.build_op 2>"$OUT_DIR/build_op.log" | tail -n 1) ||
-    die "building the torch op failed; see $OUT_DIR/build_op.log"
+if [ "$DRY_RUN" = 1 ]; then
+  skip torch_op "$DRY_RUN_SKIP"
+else
+  OP_SOURCE=cmake OP_LIB=$BUILD_DIR/libdflash_verify_torch.so
+  if [ ! -f "$OP_LIB" ]; then
+    OP_SOURCE=cpp_extension
+    OP_LIB=$("$PYTHON" -m dflash_trt.kernels.build_op 2>"$OUT_DIR/build_op.log" | tail -n 1)
+  fi
+  export DFLASH_TRT_VERIFY_LIB=$OP_LIB
+  STATUS=$("$PYTHON" -c "from dflash_trt.kernels import kernel_status; print(kernel_status())" 2>&1 | tail -n 1)
+  echo "$STATUS"
+  case $STATUS in
+    "kernel available"*) record torch_op passed 0 "$OP_LIB (via $OP_SOURCE)" ;;
+    *) record torch_op failed 1 "$OP_LIB (via $OP_SOURCE): $STATUS; see $OUT_DIR/build_op.log"; finish ;;
+  esac
 fi
-export DFLASH_TRT_VERIFY_LIB=$OP_LIB
-"$PYTHON" -c "from dflash_trt.kernels import kernel_status; print(kernel_status())"
-echo "torch op: $OP_LIB (via $OP_SOURCE)"
 
-step "tests (kernel vs reference, twin vs reference, dispatch)"
-TEST_STATUS=0
-timeout "$T" "$PYTHON" -m pytest -q -rs tests/test_verify_plugin.py tests/test_verify_kernel_gpu.py tests/test_kernel_dispatch.py \
-  --junitxml="$OUT_DIR/pytest.xml" 2>&1 | tee "$OUT_DIR/pytest.log" || TEST_STATUS=$?
+step "tests: kernel vs twin vs reference (every dtype x sampling mode at V=151936), then dispatch"
+if [ "$DRY_RUN" = 1 ]; then skip tests "$DRY_RUN_SKIP"; else
+  run_step tests "$OUT_DIR/pytest.log" "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/test_verify_kernel_gpu.py \
+    tests/test_kernel_dispatch.py --junitxml="$OUT_DIR/pytest.xml"
+fi
 
-step "micro-benchmark"
-BENCH_STATUS=0
-timeout "$T" "$PYTHON" scripts/bench_verify.py --out "$OUT_DIR/bench.json" --iters "${BENCH_ITERS:-200}" \
-  2>&1 | tee "$OUT_DIR/bench.log" || BENCH_STATUS=$?
+step "micro-benchmark: latency, HBM share, agreement"
+if [ "$DRY_RUN" = 1 ]; then skip bench "$DRY_RUN_SKIP"; else
+  run_step bench "$OUT_DIR/bench.log" "$PYTHON" scripts/bench_verify.py --out "$OUT_DIR/bench.json" \
+    --iters "${BENCH_ITERS:-200}"
+fi
+
+step "compute-sanitizer: memcheck and racecheck on one op call per dtype"
+SANITIZER=$(command -v compute-sanitizer || ls "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" \
+  "$(dirname "$(command -v nvcc || echo nvcc)")/compute-sanitizer" 2>/dev/null | head -n 1)
+for tool in memcheck racecheck; do
+  if [ "$DRY_RUN" = 1 ]; then skip "$tool" "$DRY_RUN_SKIP"
+  elif [ -z "$SANITIZER" ]; then skip "$tool" "skipped: compute-sanitizer not found (PATH, \$CUDA_HOME/bin, nvcc's folder)"
+  else  # no caching allocator: every tensor its own allocation, so memcheck sees an access past its end
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 run_step "$tool" "$OUT_DIR/$tool.log" "$SANITIZER" --tool "$tool" \
+      --error-exitcode 1 "$PYTHON" scripts/gpu_check_steps.py op-call
+  fi
+done
 
 step "torch runner on CUDA: DFlash vs AR (fp32, bf16; batch 1, 8; widths 16, 8, 4; T 0, 0.8)"
-LOSSLESS_STATUS=0
-timeout "$T" "$PYTHON" scripts/gpu_lossless.py --device cuda --out "$OUT_DIR/lossless.json" \
-  2>&1 | tee "$OUT_DIR/lossless.log" || LOSSLESS_STATUS=$?
+if [ "$DRY_RUN" = 1 ]; then skip lossless "$DRY_RUN_SKIP"; else
+  run_step lossless "$OUT_DIR/lossless.log" "$PYTHON" scripts/gpu_lossless.py --device cuda --out "$OUT_DIR/lossless.json"
+fi
 
-step "report"
-"$PYTHON" - "$OUT_DIR" "$BUILD_STATUS" "$OP_SOURCE" "$OP_LIB" "$TEST_STATUS" "$BENCH_STATUS" "$CUDA_ARCHS" "$LOSSLESS_STATUS" <<'EOF'
-import json, platform, subprocess, sys, xml.etree.ElementTree as ET
-from pathlib import Path
-import torch
-from dflash_trt.kernels import archs as kernel_archs
-out, build, op_source, op_lib, test_rc, bench_rc, archs, lossless_rc = sys.argv[1:]
-out = Path(out)
-tests = {}
-if (out / "pytest.xml").exists():
-    root = ET.parse(out / "pytest.xml").getroot()
-    suite = root if root.tag == "testsuite" else root.find("testsuite")
-    tests = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
-report = {
-    "host": platform.node(), "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-    "torch_cuda": torch.version.cuda, "nvcc": nvcc, "cuda_archs": archs.split(";"),
-    "build": {"cmake": build, "torch_op": op_lib, "torch_op_via": op_source},
-    "tests": {"exit_status": int(test_rc), **tests},
-    "bench": json.loads((out / "bench.json").read_text()) if (out / "bench.json").exists() else None,
-    "bench_exit_status": int(bench_rc),
-    "lossless": json.loads((out / "lossless.json").read_text()) if (out / "lossless.json").exists() else None,
-    "lossless_exit_status": int(lossless_rc),
-}
-build_dir = Path("plugins/dflash_verify/build")
-report["build"]["tensorrt_plugin"] = str(build_dir / "libdflash_verify_trt.so") \
-    if (build_dir / "libdflash_verify_trt.so").exists() else None
-fatbin = build_dir / "verify_kernels.fatbin"
-if fatbin.exists():
-    built = kernel_archs.library_archs(fatbin)
-    report["build"]["fatbin_archs"] = {"sass": list(built.sass), "ptx": list(built.ptx),
-                                      "covers_this_gpu": kernel_archs.covers(built, torch.cuda.get_device_capability())}
-(out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
-print(f"wrote {out / 'gpu_check.json'}: tests {tests}, build {build}, bench exit {bench_rc}")
-EOF
-trap - ERR
-[ "$BUILD_STATUS" = ok ] && [ "$TEST_STATUS" = 0 ] && [ "$BENCH_STATUS" = 0 ] && [ "$LOSSLESS_STATUS" = 0 ] || {
-  echo "gpu_check: FAILED (build $BUILD_STATUS, tests $TEST_STATUS, bench $BENCH_STATUS, lossless $LOSSLESS_STATUS); see $OUT_DIR" >&2
-  exit 1
-}
-echo "gpu_check: OK; report in $OUT_DIR/gpu_check.json"
+step "eager vs CUDA-graph decode (scripts/gpu_lossless.py --cuda-graphs compare)"
+if ! "$PYTHON" scripts/gpu_lossless.py --help 2>/dev/null | grep -q -- --cuda-graphs; then
+  skip cuda_graphs "skipped: scripts/gpu_lossless.py has no --cuda-graphs"
+elif [ "$DRY_RUN" = 1 ]; then skip cuda_graphs "$DRY_RUN_SKIP"; else
+  run_step cuda_graphs "$OUT_DIR/cuda_graphs.log" "$PYTHON" scripts/gpu_lossless.py --device cuda --cuda-graphs compare \
+    --out "$OUT_DIR/cuda_graphs.json"
+fi
+
+finish

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +16,8 @@ import torch
 from dflash_trt.decoding import verify as reference
 from dflash_trt.errors import ConfigError, MissingDependencyError
 from dflash_trt.kernels import verify as dispatch
+
+OP_SOURCE = Path(__file__).resolve().parents[1] / "plugins" / "dflash_verify" / "torch" / "verify_op.cpp"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -26,10 +31,9 @@ def clean_switch(monkeypatch):
     monkeypatch.delenv(dispatch.ENV_IMPL, raising=False)
     monkeypatch.delenv(dispatch.ENV_LIB, raising=False)
     monkeypatch.setattr(dispatch, "impl_override", None)
-    load_op = dispatch.load_op  # tests may monkeypatch it; clear the real cache either way
-    load_op.cache_clear()
+    dispatch._find_op.cache_clear()
     yield
-    load_op.cache_clear()
+    dispatch._find_op.cache_clear()
 
 
 def block(b=3, k=4, vocab=50, seed=0, temperature=0.8):
@@ -84,14 +88,26 @@ def test_kernel_is_unavailable_on_a_cpu_build_and_says_why():
 
 
 def test_a_missing_or_broken_op_library_is_reported_not_raised(monkeypatch, tmp_path):
-    monkeypatch.setenv(dispatch.ENV_LIB, str(tmp_path / "missing.so"))
-    assert dispatch.load_op() is None
-    dispatch.load_op.cache_clear()
-    broken = tmp_path / "broken.so"
+    """The named library counts even when an op of that name is registered already (another test, or
+    scripts/gpu_check.sh, may have loaded the real one into this process)."""
+    missing, broken = tmp_path / "missing.so", tmp_path / "broken.so"
     broken.write_bytes(b"not an ELF file")
-    monkeypatch.setenv(dispatch.ENV_LIB, str(broken))
+    for library in (missing, broken):
+        monkeypatch.setenv(dispatch.ENV_LIB, str(library))
+        assert dispatch.load_op() is None
+        assert str(library) in dispatch.load_error()
+
+
+def test_a_library_that_registers_no_op_is_reported(monkeypatch, tmp_path):
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler to build a shared library")
+    library = tmp_path / "registers_nothing.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-x", "c", "-", "-o", str(library)], input="int dflash_nothing;\n",
+                   text=True, check=True)
+    monkeypatch.setenv(dispatch.ENV_LIB, str(library))
     assert dispatch.load_op() is None
-    assert str(broken) in dispatch._load_error
+    assert str(library) in dispatch.load_error()
 
 
 def test_twin_through_the_switch_matches_the_reference_with_next_block():
@@ -142,7 +158,7 @@ def test_twin_refuses_cuda_tensors(monkeypatch):
 
 def test_importing_the_package_compiles_and_loads_nothing():
     code = ("import sys, dflash_trt.kernels as k; "
-            "print('dflash_trt.kernels.twin' in sys.modules, k.verify.load_op.cache_info().currsize)")
+            "print('dflash_trt.kernels.twin' in sys.modules, k.verify._find_op.cache_info().currsize)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "0"]
 
@@ -200,3 +216,72 @@ def test_auto_runs_the_twin_for_sampled_cpu_rows_and_it_matches_the_reference():
                            sampling.sample_tokens(rows, positions, *params, vocab_ids))
     with dispatch.use_impl("reference"):
         assert dispatch.resolve_impl(logits, sampled=True) == "reference"
+
+
+def op_schema() -> str:
+    """The schema plugins/dflash_verify/torch/verify_op.cpp defines (its TORCH_LIBRARY block's string literals)."""
+    block = re.search(r"TORCH_LIBRARY\(dflash_verify, m\) \{\s*m\.def\((.*?)\);", OP_SOURCE.read_text(), re.S)
+    return "".join(re.findall(r'"([^"]*)"', block.group(1)))
+
+
+STAND_IN_FIRST = """
+import sys, pytest, torch
+stand_in = torch.library.Library("dflash_verify", "DEF")  # what loading the real op leaves behind
+stand_in.define(sys.argv[1])
+assert str(torch.ops.dflash_verify.verify_block.default._schema) == "dflash_verify::" + sys.argv[1]
+sys.exit(pytest.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+def test_dispatch_checks_pass_with_the_op_registered_first():
+    """The checks above with `dflash_verify::verify_block` registered before they run, as when the GPU tests
+    loaded the real op earlier in the same process (in a subprocess: a registration cannot be undone)."""
+    select = ["-k", "not registered_first and not served_runtime and not named_library", "-m", "not gpu"]
+    done = subprocess.run([sys.executable, "-c", STAND_IN_FIRST, op_schema(), __file__, "-v", "-p", "no:cacheprovider",
+                           *select], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    for name in ("test_a_missing_or_broken_op_library_is_reported_not_raised",
+                 "test_a_library_that_registers_no_op_is_reported"):
+        assert re.search(name + r"\S* PASSED", done.stdout), name
+
+
+NAMED_LIBRARY = """
+import os, sys, torch
+from dflash_trt.kernels import verify as dispatch
+library, copy, schema = sys.argv[1:]
+os.environ[dispatch.ENV_LIB] = library
+op = dispatch.load_op()
+assert op is not None and dispatch.load_error() is None, dispatch.load_error()
+assert str(op.default._schema) == "dflash_verify::" + schema
+dispatch._find_op.cache_clear()
+assert dispatch.load_op() is op and list(torch.ops.loaded_libraries) == [os.path.realpath(library)]
+os.environ[dispatch.ENV_LIB] = copy  # the same namespace again: loading it would abort this process
+assert dispatch.load_op() is None and "registered already" in dispatch.load_error(), dispatch.load_error()
+print("still running")
+"""
+
+
+@pytest.mark.slow
+def test_a_named_library_loads_once_and_a_second_one_is_refused_not_fatal(tmp_path):
+    """A real op library (a CPU stand-in defining the op's schema with TORCH_LIBRARY) loads through
+    $DFLASH_TRT_VERIFY_LIB once per path; a second library defining the same namespace is refused, where
+    loading it would end the process from its static initializer."""
+    from torch.utils import cpp_extension
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    source = tmp_path / "stand_in.cpp"
+    source.write_text('#include <torch/library.h>\nTORCH_LIBRARY(dflash_verify, m) { m.def("%s"); }\n' % op_schema())
+    torch_lib = Path(torch.__file__).parent / "lib"
+    library = tmp_path / "stand_in.so"
+    includes = [f"-isystem{p}" for p in cpp_extension.include_paths()]
+    subprocess.run([cxx, "-std=c++20", "-shared", "-fPIC", "-O0", *includes, str(source),
+                    f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", f"-L{torch_lib}",
+                    "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_lib}", "-o", str(library)], check=True, timeout=300)
+    copy = tmp_path / "stand_in_copy.so"
+    shutil.copy(library, copy)
+    done = subprocess.run([sys.executable, "-c", NAMED_LIBRARY, str(library), str(copy), op_schema()],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "still running" in done.stdout, done.stderr[-3000:]

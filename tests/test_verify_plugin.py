@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,12 @@ from dflash_trt.kernels import verify as dispatch
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "dflash_verify"
 NVCC_FLAGS = ["-std=c++17", "-O3", "-fatbin", "--threads", "0", "-Werror", "all-warnings",
               "-Xcompiler", "-Wall,-Wextra,-Werror", f"-I{PLUGIN / 'include'}"]
+# The resource gate on every cubin of that compile (ptxas -v). 64 registers: two 512-thread blocks fit an SM's
+# 65,536 registers, so at large batch an SM verifies two rows at once (one above 64). 48 KiB: the most static
+# shared memory a block may declare, and two such blocks fit the smallest SM of the list (100 KiB: sm_86, 89,
+# 120). No spills and no stack frame: local memory is traffic to L2 and HBM that the kernels exist to avoid.
+MAX_REGISTERS = 64
+MAX_STATIC_SMEM = 48 * 1024
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -49,11 +56,27 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@dataclass
+class NvccJob:
+    """The every-arch compile running in the background: its fatbin and, once done, nvcc's output."""
+
+    proc: subprocess.Popen
+    fatbin: Path
+    _output: list = field(default_factory=list)
+
+    def output(self) -> str:
+        """nvcc's stdout + stderr (ptxas resource lines included), waiting for the compile the first time."""
+        if not self._output:
+            self._output.append(self.proc.communicate(timeout=400)[0])
+        return self._output[0]
+
+
 @pytest.fixture(scope="module")
 def nvcc_job(request, tmp_path_factory):
-    """Start the every-arch nvcc compile (kernels/archs.py) in the background; the compile test waits for it."""
+    """Start the every-arch nvcc compile (kernels/archs.py) in the background; the test_kernels_* tests wait for
+    it: one compile gives the fatbin, its warnings and every cubin's registers, spills and shared memory."""
     nvcc = shutil.which("nvcc")
-    selected = any(item.name.startswith("test_kernels_compile") for item in request.session.items)
+    selected = any(item.name.startswith("test_kernels_") for item in request.session.items)
     if nvcc is None or not selected:
         yield None
         return
@@ -63,9 +86,10 @@ def nvcc_job(request, tmp_path_factory):
         yield f"this nvcc cannot target {missing} (needs CUDA >= 12.9)"
         return
     out = tmp_path_factory.mktemp("nvcc") / "verify_kernels.fatbin"
-    cmd = [nvcc, *NVCC_FLAGS, *archs.gencode_flags(), str(PLUGIN / "src" / "verify_kernels.cu"), "-o", str(out)]
+    cmd = [nvcc, *NVCC_FLAGS, "-Xptxas", "-v", *archs.gencode_flags(), str(PLUGIN / "src" / "verify_kernels.cu"),
+           "-o", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    yield proc, out
+    yield NvccJob(proc, out)
     if proc.poll() is None:  # the compile test failed early or was interrupted
         proc.kill()
         proc.communicate()
@@ -160,8 +184,8 @@ def test_twin_matches_reference_on_10k_random_rows():
         assert_same_tokens(*case)
         logits, _, temperature, top_k, top_p, _ = case
         s = temperature > 0
-        want = survivors(logits[s].float().nan_to_num(nan=NEG_INF, posinf=float("inf"), neginf=NEG_INF) / temperature[s, None],
-                         top_k[s], top_p[s])
+        canonical = logits[s].float().nan_to_num(nan=NEG_INF, posinf=float("inf"), neginf=NEG_INF)
+        want = survivors(canonical / temperature[s, None], top_k[s], top_p[s])
         assert torch.equal(twin.keep_mask(logits[s].float(), temperature[s], top_k[s], top_p[s]), want)
         rows += 256
 
@@ -324,18 +348,58 @@ def test_emulated_kernels_on_adversarial_rows():
 # nvcc: the kernels compile for every GPU the routes accept (sm_80 .. sm_121 + PTX), warnings as errors
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_kernels_compile_for_every_accepted_gpu_without_warnings(nvcc_job):
+def finished_nvcc_job(nvcc_job) -> NvccJob:
     if nvcc_job is None or isinstance(nvcc_job, str):
         pytest.skip(nvcc_job or "nvcc not on PATH")
-    proc, out = nvcc_job
-    output, _ = proc.communicate(timeout=400)
-    assert proc.returncode == 0, output
+    output = nvcc_job.output()
+    assert nvcc_job.proc.returncode == 0, output
+    return nvcc_job
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_every_accepted_gpu_without_warnings(nvcc_job):
+    output = finished_nvcc_job(nvcc_job).output()
     assert "warning" not in output.lower(), output
-    built = archs.library_archs(out)  # what the fatbin really holds, read from its entry headers
+    built = archs.library_archs(nvcc_job.fatbin)  # what the fatbin really holds, read from its entry headers
     assert built == archs.DEFAULT, built
     for name, capability in GPUS.items():
         assert archs.covers(built, capability), name
+
+
+def ptxas_usage(output: str) -> dict[tuple[str, str], dict[str, int]]:
+    """{(arch, function): registers, smem, stack, spill_stores, spill_loads} from `nvcc -Xptxas -v` output:
+    an entry's lines run "Compiling entry function 'f' for 'sm_90'", "Function properties for f",
+    "N bytes stack frame, N bytes spill stores, N bytes spill loads", "Used N registers, ..., N bytes smem";
+    a non-inlined device function gets the properties lines only."""
+    usage: dict[tuple[str, str], dict[str, int]] = {}
+    arch = entry = function = ""
+    for line in output.splitlines():
+        if m := re.search(r"Compiling entry function '(\S+)' for '(\w+)'", line):
+            entry, arch = m.groups()
+        elif m := re.search(r"Function properties for (\S+)", line):
+            function = m.group(1)
+        elif m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line):
+            usage.setdefault((arch, function), {}).update(zip(("stack", "spill_stores", "spill_loads"),
+                                                              map(int, m.groups())))
+        elif m := re.search(r"Used (\d+) registers", line):
+            smem = re.search(r"(\d+) bytes smem", line)
+            usage.setdefault((arch, entry), {}).update(registers=int(m[1]), smem=int(smem[1]) if smem else 0)
+    return usage
+
+
+@pytest.mark.slow
+def test_kernels_fit_the_register_and_shared_memory_limits_without_spills(nvcc_job):
+    """Every kernel on every arch of the list, read from the same compile's ptxas report (MAX_REGISTERS,
+    MAX_STATIC_SMEM; no spills, no stack frame)."""
+    usage = ptxas_usage(finished_nvcc_job(nvcc_job).output())
+    kernels = {(arch, name) for (arch, name), u in usage.items() if "registers" in u}
+    assert {arch for arch, _ in kernels} == {f"sm_{a}" for a in archs.SASS}, sorted(kernels)
+    for arch in archs.SASS:  # sample_kernel<float, __half, __nv_bfloat16> and accept_kernel
+        assert len([name for a, name in kernels if a == f"sm_{arch}"]) == 4, sorted(kernels)
+    over = {key: u for key, u in usage.items()
+            if u.get("registers", 0) > MAX_REGISTERS or u.get("smem", 0) > MAX_STATIC_SMEM
+            or u.get("stack", 0) or u.get("spill_stores", 0) or u.get("spill_loads", 0)}
+    assert not over, over
 
 
 GPUS = {"A100": (8, 0), "A10": (8, 6), "L40S": (8, 9), "H200": (9, 0), "B200": (10, 0), "B300": (10, 3),
@@ -349,7 +413,8 @@ def test_coverage_rules_and_the_old_default():
                                                                          "Jetson Thor"]
     assert not archs.covers(archs.DEFAULT, (7, 5)) and not archs.covers(archs.DEFAULT, (7, 0))  # T4, V100
     assert archs.covers(archs.Archs(("100f",), ()), (10, 3)) and not archs.covers(archs.Archs(("100f",), ()), (12, 0))
-    assert "sm_90a" in archs.uncovered_message("lib.so", old, (8, 0)) and "80" in archs.uncovered_message("x", old, (8, 0))
+    assert "sm_90a" in archs.uncovered_message("lib.so", old, (8, 0))
+    assert "80" in archs.uncovered_message("x", old, (8, 0))
 
 
 def test_cmake_defaults_are_the_python_list():

@@ -15,8 +15,8 @@ def params(n, temperature=1.0, top_k=0, top_p=1.0, seed=7, position=0):
             full(top_p, torch.float32), full(seed_as_int64(seed), torch.int64))
 
 
-def random_rows(g: torch.Generator, n: int, vocab: int):
-    """n rows of logits [n, V] mixing scales, ties, -inf, NaN, dtypes, and random params."""
+def random_rows(g: torch.Generator, n: int, vocab: int, dtype: torch.dtype | None = None):
+    """n rows of logits [n, V] mixing scales, ties, -inf, NaN, dtypes (`dtype`, else one drawn), and random params."""
     scale = float(torch.rand(1, generator=g)) * 8 + 0.1
     logits = torch.randn(n, vocab, generator=g) * scale
     kind = int(torch.randint(0, 4, (1,), generator=g))
@@ -26,7 +26,8 @@ def random_rows(g: torch.Generator, n: int, vocab: int):
         logits[torch.rand(n, vocab, generator=g) < 0.05] = NEG_INF
     elif kind == 3:
         logits[torch.rand(n, vocab, generator=g) < 0.05] = NAN
-    logits = logits.to((torch.float32, torch.float16, torch.bfloat16)[int(torch.randint(0, 3, (1,), generator=g))])
+    drawn = (torch.float32, torch.float16, torch.bfloat16)[int(torch.randint(0, 3, (1,), generator=g))]
+    logits = logits.to(dtype or drawn)  # drawn either way: the rest of the stream stays the same
     coin = lambda p: torch.rand(n, generator=g) < p  # noqa: E731
     temperature = torch.where(coin(0.2), 0.0, torch.rand(n, generator=g) * 2 + 0.05)
     top_k = torch.where(coin(0.5), 0, torch.randint(1, vocab + 3, (n,), generator=g))
