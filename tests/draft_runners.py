@@ -10,5 +10,5 @@ class GreedyDrafts:
     def __getattr__(self, name):
         return getattr(self.runner, name)
 
-    def propose(self, *args):
+    def propose(self, *args, rows=None):
         return self.runner.propose(*args[:4])

@@ -102,8 +102,8 @@ class ScriptedRunner(_Scripts):
     def __getattr__(self, name):  # append_context, commit, backlog, cache, ... are the real runner's
         return getattr(self.runner, name)
 
-    def propose(self, slots, bonus, start, block_size=None, sampling=None):
-        self.runner.propose(slots, bonus, start, block_size, sampling)  # the real passes (and context stored)
+    def propose(self, slots, bonus, start, block_size=None, sampling=None, rows=None):
+        self.runner.propose(slots, bonus, start, block_size, sampling, rows=rows)  # the real passes (context stored)
         k = min(block_size or self.block_size, self.block_size) - 1
         return self.drafts(slots.tolist(), start.tolist(), k, self.vocab, self.runner.min_confidence)
 

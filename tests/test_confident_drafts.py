@@ -99,7 +99,7 @@ def test_service_with_confidence_cut_on_the_shipped_pair(shipped_pair):
                                                         draft_confidence=theta, width_policy="schedule"))
         seen = []
         verify = svc.scheduler.target.verify
-        svc.scheduler.target.verify = lambda slots, blocks, *a: (seen.append(blocks.shape[1]), verify(slots, blocks, *a))[1]
+        svc.scheduler.target.verify = lambda slots, blocks, *a, **k: (seen.append(blocks.shape[1]), verify(slots, blocks, *a, **k))[1]
         try:
             results[theta] = svc.generate(requests)
         finally:

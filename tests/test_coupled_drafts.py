@@ -65,7 +65,7 @@ def _decode(pair, requests, coupled: bool, slots: int, confidence: float = 0.0):
     if not coupled:
         draft = engine.scheduler.draft
         propose = draft.propose
-        draft.propose = lambda *args: propose(*args[:4])  # no sampling: greedy drafts
+        draft.propose = lambda *args, **kw: propose(*args[:4])  # no sampling: greedy drafts
     return engine.generate(requests)
 
 

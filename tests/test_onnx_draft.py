@@ -49,7 +49,7 @@ class Lockstep:
         self.reference.commit(*args)
         self.candidate.commit(*args)
 
-    def propose(self, *args):
+    def propose(self, *args, rows=None):
         """Graphs for greedy requests: both with greedy drafts (those graphs end in an argmax). Sampled
         graphs: both with the requests' sampling (coupled drafts for sampled rows)."""
         args = args if self.candidate.spec.sampled else args[:4]

@@ -178,8 +178,8 @@ def test_measured_policy_keeps_the_schedule_for_greedy_batches_and_measures_samp
                                                             block_size_schedule={3: 4}, width_policy="measured"))
         seen = []
         verify = svc.scheduler.target.verify
-        svc.scheduler.target.verify = lambda slots, blocks, *a: (seen.append((len(slots), blocks.shape[1])),
-                                                                verify(slots, blocks, *a))[1]
+        svc.scheduler.target.verify = lambda slots, blocks, *a, **k: (seen.append((len(slots), blocks.shape[1])),
+                                                                     verify(slots, blocks, *a, **k))[1]
         try:
             requests = [Request(r.prompt, r.params, StopCriteria(60)) for r in make_requests(temperature, n=3, seed=seed)]
             got = svc.generate(requests)
@@ -203,8 +203,8 @@ def test_measured_policy_without_a_schedule_measures_greedy_batches_of_several_r
     svc = DFlashService(loaded_tiny_pair, ServiceLimits(max_batch_size=3, max_seq_len=160, block_size=8))
     seen = []
     verify = svc.scheduler.target.verify
-    svc.scheduler.target.verify = lambda slots, blocks, *a: (seen.append((len(slots), blocks.shape[1])),
-                                                            verify(slots, blocks, *a))[1]
+    svc.scheduler.target.verify = lambda slots, blocks, *a, **k: (seen.append((len(slots), blocks.shape[1])),
+                                                                 verify(slots, blocks, *a, **k))[1]
     try:
         alone = [Request(r.prompt, r.params, StopCriteria(60)) for r in make_requests(0.0, n=1, seed=63)]
         got_alone = svc.generate(alone)

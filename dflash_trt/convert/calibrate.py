@@ -145,11 +145,11 @@ def _recording_caches(new_cache, amax: ModelAmax):
         cache = new_cache(*args, **kwargs)
         write = cache.write
 
-        def recording_write(layer, slots, positions, k, v, valid=None):
+        def recording_write(layer, slots, positions, k, v, valid=None, end=None):
             kept_k, kept_v = (k, v) if valid is None else (k[valid], v[valid])
             old = amax.kv.get(layer, (0.0, 0.0))
             amax.kv[layer] = (max(old[0], float(tensor_amax(kept_k))), max(old[1], float(tensor_amax(kept_v))))
-            return write(layer, slots, positions, k, v, valid)
+            return write(layer, slots, positions, k, v, valid, end)
 
         cache.write = recording_write
         return cache

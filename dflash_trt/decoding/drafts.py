@@ -125,18 +125,21 @@ def confident_prefix(logits: torch.Tensor, columns: torch.Tensor, temperature: t
 
 
 def propose(draft, hidden: torch.Tensor, lm_head, start: torch.Tensor, sampling=None,
-            anchor: torch.Tensor | None = None, min_confidence: float = 0.0, ops: DraftOps = TORCH_OPS) -> torch.Tensor:
+            anchor: torch.Tensor | None = None, min_confidence: float = 0.0, ops: DraftOps = TORCH_OPS,
+            sampled: bool | None = None) -> torch.Tensor:
     """Drafts [B, K' <= K] (token ids) for block slots 1..K from the drafter's final hidden rows [B, K, H]:
     greedy, coupled where a row samples (`sampling` = (T, top_k, top_p, seed) [B]; `start` [B] the bonus
     tokens' positions), through the drafter's draft vocabulary if it has one (`draft.vocab`: token ids and
-    their head rows). `anchor` [B]: the bonus tokens (a DFlash2 drafter's walk starts there)."""
+    their head rows). `anchor` [B]: the bonus tokens (a DFlash2 drafter's walk starts there). `sampled`: whether
+    some row samples, when the caller knows (else read from `sampling`)."""
     ids, head = (None, lm_head) if draft.vocab is None else draft.vocab
+    sampled = sampled if sampled is not None else any_sampled(sampling)
     if draft.candidate_selector is not None:  # DFlash2: the selector's walk from the bonus token, all K slots
         if anchor is None:
             raise ValueError("a DFlash2 drafter proposes from the block's first token: pass anchor")
         return draft.candidate_selector.drafts(hidden, draft_logits(draft, hidden, head, ops), anchor, start,
-                                               sampling if any_sampled(sampling) else None, ids)
-    if any_sampled(sampling):
+                                               sampling if sampled else None, ids)
+    if sampled:
         columns = _coupled(draft, hidden, head, start, sampling, min_confidence, ids, ops)
     else:
         columns = confident_drafts(lambda lo, hi: draft_logits(draft, hidden[:, lo:hi], head, ops), hidden.shape[1],

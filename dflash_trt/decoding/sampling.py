@@ -143,15 +143,20 @@ def seed_as_int64(seed: int) -> int:
 # The rule
 # ---------------------------------------------------------------------------
 
-def survivors(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Boolean mask of tokens kept by top-k then top-p.  scores: [N, V] (= logits / T, fp32)."""
+def survivors(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, dense: bool = False) -> torch.Tensor:
+    """Boolean mask of tokens kept by top-k then top-p.  scores: [N, V] (= logits / T, fp32). `dense`: every rule
+    on every row, no value read back to decide what to skip (the same mask)."""
     keep = scores > float("-inf")
     vocab = scores.shape[-1]
     k = torch.where((top_k > 0) & (top_k < vocab), top_k, torch.full_like(top_k, vocab))
+    nucleus = ~(top_p >= 1.0)  # top_p < 1, or NaN
+    if dense:
+        kth = scores.sort(dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])  # k = V: the smallest
+        keep &= scores >= kth
+        return torch.where(nucleus[:, None], keep & _nucleus(scores, keep, top_p), keep)
     if bool((k < vocab).any()):  # top-k on: the k-th largest score of each row (k = V keeps every finite one)
         kth = scores.topk(int(k.max()), dim=-1).values.gather(-1, (k - 1).clamp(min=0)[:, None])  # [N, 1]
         keep &= scores >= kth
-    nucleus = ~(top_p >= 1.0)  # top_p < 1, or NaN
     if bool(nucleus.any()):
         keep[nucleus] &= _nucleus(scores[nucleus], keep[nucleus], top_p[nucleus])
     return keep
@@ -186,6 +191,7 @@ def sample_tokens(
     top_p: torch.Tensor,  # [N] fp32
     seed: torch.Tensor,  # [N] int64 (uint64 bits)
     vocab_ids: torch.Tensor | None = None,  # [V] int64: the token id of each column (default 0..V-1)
+    sampled: bool | None = None,  # some row has T > 0, when the caller knows (else read from `temperature`)
 ) -> torch.Tensor:  # [N] int64: column indices (= token ids without vocab_ids)
     """Apply the sampling rule row by row (the torch reference); greedy rows (T = 0) take the plain argmax.
 
@@ -193,6 +199,8 @@ def sample_tokens(
     token vocab_ids[c], which gets that token's noise g(s, p, vocab_ids[c]) and breaks ties by that id,
     so the choice is the full rule's restricted to the subset (the full rule's winner whenever it is in it).
     Decoding paths call `dflash_trt.kernels.sample_tokens`, which runs this or a bit-identical C++ / CUDA body."""
+    if sampled is False:
+        return canonical_logits(logits).argmax(dim=-1)
     if vocab_ids is None:
         return sample_tokens_reference(logits, positions, temperature, top_k, top_p, seed)
     return by_id(lambda lg, ids: sample_tokens_reference(lg, positions, temperature, top_k, top_p, seed, ids),
@@ -208,6 +216,8 @@ def by_id(choose, logits: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor
 
 def sample_tokens_reference(logits, positions, temperature, top_k, top_p, seed, vocab_ids=None) -> torch.Tensor:
     """The rule in torch (any device): what `sample_tokens` does where the twin does not run."""
+    if logits.is_cuda:
+        return _sample_dense(logits, positions, temperature, top_k, top_p, seed, vocab_ids)
     logits = canonical_logits(logits)
     tokens = logits.argmax(dim=-1)
     sampled = temperature > 0
@@ -220,6 +230,23 @@ def sample_tokens_reference(logits, positions, temperature, top_k, top_p, seed, 
                                                                   device=logits.device)
     tokens[rows] = perturbed_argmax(scores, keep, seed[rows], positions[rows], vocab)
     return tokens
+
+
+def _sample_dense(logits, positions, temperature, top_k, top_p, seed, vocab_ids=None) -> torch.Tensor:
+    """The same tokens as `sample_tokens_reference`, computed for every row and column: no step depends on a value
+    read back from the device (on a GPU each such read is a sync, and none may sit in a CUDA graph), at the price
+    of noise for the whole vocabulary of every row, which a GPU pays in one pass. Greedy rows keep their argmax."""
+    logits = canonical_logits(logits)
+    greedy = logits.argmax(dim=-1)
+    sampled = temperature > 0
+    scores = logits / torch.where(sampled, temperature, torch.ones_like(temperature))[:, None]
+    keep = survivors(scores, top_k, top_p, dense=True)
+    vocab = vocab_ids if vocab_ids is not None else torch.arange(logits.shape[-1], dtype=torch.int64,
+                                                                  device=logits.device)
+    # every survivor's noise: the sparse path draws it only for possible winners, which are the argmax's anyway
+    noisy = torch.where(keep, scores + gumbel(seed[:, None], positions[:, None], vocab[None, :]),
+                        torch.full_like(scores, float("-inf")))
+    return torch.where(sampled, noisy.argmax(dim=-1), greedy)
 
 
 def _gumbel_max() -> float:

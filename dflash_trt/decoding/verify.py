@@ -29,10 +29,12 @@ def verify_block(
     top_k: torch.Tensor,  # [B] int64
     top_p: torch.Tensor,  # [B] fp32
     seed: torch.Tensor,  # [B] int64
+    sampled: bool | None = None,  # some row has T > 0, when the caller knows (else read from `temperature`)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Target tokens [B, K+1] (row i is the token at position start+i+1) and accepted a [B]."""
     b, width, vocab = logits.shape
-    if not bool((temperature > 0).any()):  # all greedy: the rule is a plain argmax (NaN counts as -inf)
+    if not (sampled if sampled is not None else bool((temperature > 0).any())):
+        # all greedy: the rule is a plain argmax (NaN counts as -inf)
         tokens = canonical_logits(logits).argmax(dim=-1)
         return tokens, accept_length(drafts, tokens)
     positions = start[:, None] + 1 + torch.arange(width, device=logits.device)[None, :]

@@ -60,6 +60,9 @@ class RuntimeConfig:
     # blocks of finished requests' committed tokens, so a request whose prompt starts with them prefills only
     # the rest. 0: off.
     prefix_cache_bytes: int = 256 << 20
+    # On CUDA (torch backend): the draft and verify passes replayed as CUDA graphs, one per batch of slots, block
+    # width and 256-position bucket of context (backends/torch/graphs.py); false: every pass eager.
+    cuda_graphs: bool = True
 
 
 @dataclass
@@ -139,6 +142,8 @@ def _check(cfg: BuildConfig, where: str) -> None:
     cache = cfg.runtime.prefix_cache_bytes
     if not (isinstance(cache, int) and not isinstance(cache, bool) and cache >= 0):
         bad("runtime.prefix_cache_bytes", f"expected a number of bytes >= 0 (0 = off), got {cache!r}")
+    if not isinstance(cfg.runtime.cuda_graphs, bool):
+        bad("runtime.cuda_graphs", f"expected true or false, got {cfg.runtime.cuda_graphs!r}")
     if not isinstance(cfg.runtime.sampled_requests, bool):
         bad("runtime.sampled_requests", f"expected true or false, got {cfg.runtime.sampled_requests!r}")
     vocab = cfg.runtime.draft_vocab_size

@@ -18,7 +18,8 @@ use the torch reference).
 
 Choose with ``DFLASH_TRT_VERIFY_IMPL=reference|kernel|twin|auto`` or, in tests, the module-level
 ``impl_override`` (or the `use_impl` context manager), which wins over the env var. The op
-library is looked for at ``$DFLASH_TRT_VERIFY_LIB``, then in plugins/dflash_verify/build.
+library is ``$DFLASH_TRT_VERIFY_LIB`` when set (that one or none); unset, an op already registered in the
+process, else the first library built in plugins/dflash_verify/build.
 All implementations give the same tokens bit for bit (docs/verify-plugin.md).
 """
 
@@ -43,7 +44,6 @@ BUILD_DIR = Path(__file__).resolve().parents[2] / "plugins" / "dflash_verify" / 
 LIBRARY_CANDIDATES = (BUILD_DIR / "libdflash_verify_torch.so", BUILD_DIR / "torch_ext" / "dflash_verify_torch.so")
 
 impl_override: str | None = None  # tests: set to one of IMPLS (wins over DFLASH_TRT_VERIFY_IMPL)
-_load_error: str | None = None
 
 
 def selected_impl() -> str:
@@ -73,28 +73,52 @@ def _op_registered():
         return None
 
 
-@functools.cache
 def load_op():
-    """The CUDA op if it is registered or its library loads, else None (reason in kernel_status)."""
-    global _load_error
-    op = _op_registered()
-    if op is not None:
-        return op
-    env = os.environ.get(ENV_LIB)
-    paths = [Path(env)] if env else [p for p in LIBRARY_CANDIDATES if p.exists()]
-    if not paths:
-        _load_error = ("no torch op library; on a CUDA machine run scripts/gpu_check.sh or "
-                       "`python -m dflash_trt.kernels.build_op`, or set " + ENV_LIB)
-        return None
-    try:
-        torch.ops.load_library(str(paths[0]))
-    except (OSError, RuntimeError) as exc:
-        _load_error = f"loading {paths[0]} failed: {exc}"
-        return None
-    op = _op_registered()
-    if op is None:
-        _load_error = f"{paths[0]} did not register torch.ops.dflash_verify.verify_block"
-    return op
+    """The CUDA op, else None (why: `load_error`). When $DFLASH_TRT_VERIFY_LIB names a library, that library
+    counts: it is loaded (once per path), and a missing or broken one gives None even if an op of the same name
+    is registered already; unset, a registered op is used, else the first library built in BUILD_DIR."""
+    return _find_op(os.environ.get(ENV_LIB) or None)[0]
+
+
+def load_error() -> str | None:
+    """Why `load_op()` gives None (None when it gives the op)."""
+    return _find_op(os.environ.get(ENV_LIB) or None)[1]
+
+
+@functools.cache
+def _find_op(library: str | None) -> tuple[object | None, str | None]:
+    """(op, None) or (None, why not) for $DFLASH_TRT_VERIFY_LIB = `library` (None: unset). Cached per value:
+    the dispatch asks on every verify call."""
+    if library is None:
+        op = _op_registered()
+        if op is not None:
+            return op, None
+        built = [p for p in LIBRARY_CANDIDATES if p.exists()]
+        if not built:
+            return None, ("no torch op library; on a CUDA machine run scripts/gpu_check.sh or "
+                          "`python -m dflash_trt.kernels.build_op`, or set " + ENV_LIB)
+        library = str(built[0])
+    why = _load_library(Path(library))
+    return (None, why) if why else (_op_registered(), None)
+
+
+def _load_library(path: Path) -> str | None:
+    """Load `path` unless torch holds it already; None once it has registered the op, else why not."""
+    if not path.is_file():
+        return f"{ENV_LIB}={path}: no such file"
+    if os.path.realpath(path) not in torch.ops.loaded_libraries:
+        # FOOTGUN: a second library defining the dflash_verify namespace aborts the process from its static
+        # initializer (torch's "Only a single TORCH_LIBRARY" check throws where nothing can catch it).
+        if _op_registered() is not None:
+            return (f"not loading {path}: torch.ops.dflash_verify.verify_block is registered already by another "
+                    f"library; one process holds one (start a fresh process with {ENV_LIB} set)")
+        try:
+            torch.ops.load_library(str(path))
+        except (OSError, RuntimeError) as exc:
+            return f"loading {path} failed: {exc}"
+    if _op_registered() is None:
+        return f"{path} did not register torch.ops.dflash_verify.verify_block"
+    return None
 
 
 def kernel_available() -> bool:
@@ -107,7 +131,7 @@ def kernel_status() -> str:
     if not torch.cuda.is_available():
         return f"CUDA is not available (torch {torch.__version__})"
     if load_op() is None:
-        return _load_error or "torch op not loaded"
+        return load_error() or "torch op not loaded"
     return "kernel available: torch.ops.dflash_verify.verify_block"
 
 
@@ -181,22 +205,24 @@ def verify_block(
     top_k: torch.Tensor,  # [B] int64
     top_p: torch.Tensor,  # [B] fp32
     seed: torch.Tensor,  # [B] int64
+    sampled: bool | None = None,  # some row has T > 0, when the caller knows (else read from `temperature`)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop-in for `dflash_trt.decoding.verify.verify_block`: tokens [B, K+1] and accepted [B]."""
-    if resolve_impl(logits, bool((temperature > 0).any())) == "reference":  # skip the next-block work
-        return reference.verify_block(logits, drafts, start, temperature, top_k, top_p, seed)
+    sampled = sampled if sampled is not None else bool((temperature > 0).any())
+    if resolve_impl(logits, sampled) == "reference":  # skip the next-block work
+        return reference.verify_block(logits, drafts, start, temperature, top_k, top_p, seed, sampled)
     tokens, accepted, _ = verify_block_next(logits, drafts, start, temperature, top_k, top_p, seed)
     return tokens, accepted
 
 
-def sample_tokens(logits, positions, temperature, top_k, top_p, seed, vocab_ids=None) -> torch.Tensor:
+def sample_tokens(logits, positions, temperature, top_k, top_p, seed, vocab_ids=None, sampled=None) -> torch.Tensor:
     """Drop-in for `dflash_trt.decoding.sampling.sample_tokens` (columns [N]): the twin for sampled CPU rows
     where `resolve_impl` picks it, else the torch reference."""
     from dflash_trt.decoding import sampling
 
-    sampled = bool((temperature > 0).any())
+    sampled = sampled if sampled is not None else bool((temperature > 0).any())
     if not sampled or resolve_impl(logits, True) != "twin":
-        return sampling.sample_tokens(logits, positions, temperature, top_k, top_p, seed, vocab_ids)
+        return sampling.sample_tokens(logits, positions, temperature, top_k, top_p, seed, vocab_ids, sampled)
     from dflash_trt.kernels import twin
 
     if vocab_ids is None:
@@ -241,26 +267,27 @@ def select(device) -> Kernels:
         return Kernels(name, _kernel_verify, sampling.sample_tokens)
     from dflash_trt.kernels import twin
 
-    def verify(logits, drafts, start, temperature, top_k, top_p, seed):
-        if greedy_in_torch and not bool((temperature > 0).any()):
-            return reference.verify_block(logits, drafts, start, temperature, top_k, top_p, seed)
+    def verify(logits, drafts, start, temperature, top_k, top_p, seed, sampled=None):
+        if greedy_in_torch and not (sampled if sampled is not None else bool((temperature > 0).any())):
+            return reference.verify_block(logits, drafts, start, temperature, top_k, top_p, seed, False)
         return twin.verify_block_next(logits, drafts, start, temperature, top_k, top_p, seed, 0)[:2]
 
-    def sample(logits, positions, temperature, top_k, top_p, seed, vocab_ids=None):
-        if greedy_in_torch and not bool((temperature > 0).any()):
-            return sampling.sample_tokens(logits, positions, temperature, top_k, top_p, seed, vocab_ids)
+    def sample(logits, positions, temperature, top_k, top_p, seed, vocab_ids=None, sampled=None):
+        if greedy_in_torch and not (sampled if sampled is not None else bool((temperature > 0).any())):
+            return sampling.sample_tokens(logits, positions, temperature, top_k, top_p, seed, vocab_ids, False)
         return _twin_sample(logits, positions, temperature, top_k, top_p, seed, vocab_ids)
 
     return Kernels(name, verify, sample)
 
 
-def _kernel_verify(logits, drafts, start, temperature, top_k, top_p, seed):
+def _kernel_verify(logits, drafts, start, temperature, top_k, top_p, seed, sampled=None):
+    """The op verifies greedy and sampled rows alike (`sampled` is for the other bodies' greedy shortcut)."""
     args = (logits, drafts, start, temperature, top_k, top_p, seed)
     tokens, accepted, _ = load_op()(*(a.contiguous() for a in args), 0)
     return tokens, accepted
 
 
-def _twin_sample(logits, positions, temperature, top_k, top_p, seed, vocab_ids=None):
+def _twin_sample(logits, positions, temperature, top_k, top_p, seed, vocab_ids=None, sampled=None):
     from dflash_trt.decoding import sampling
     from dflash_trt.kernels import twin
 

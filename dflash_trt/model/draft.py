@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dflash_trt.checkpoint.configs import DraftConfig
+from dflash_trt.decoding.batch import Rows
 from dflash_trt.model.dflash2 import CandidateSelector
 from dflash_trt.model.draft_layer import DraftLayer
 from dflash_trt.model.kv_cache import KVCache
@@ -76,13 +77,15 @@ class DFlashDraft(nn.Module):
         cache: KVCache,
         slots: torch.Tensor,  # [B]
         valid: torch.Tensor | None = None,  # [B, T] bool: ragged rows (pad entries skipped)
+        on_device: bool = False,  # read nothing back: the positions are committed ones, inside the cache
     ) -> None:
         """Store the context K/V of committed tokens; the caller advances `cache.lengths`."""
         ctx = self.context_features(target_hidden)
-        cos, sin = self.rotary(positions, ctx.dtype)
+        end = cache.capacity if on_device else None
+        cos, sin = self.rotary(positions, ctx.dtype, end)
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.key_value(ctx, cos, sin)
-            cache.write(i, slots, positions, k, v, valid)
+            cache.write(i, slots, positions, k, v, valid, end)
 
     def forward(
         self,
@@ -91,6 +94,7 @@ class DFlashDraft(nn.Module):
         cache: KVCache,
         slots: torch.Tensor,  # [B]
         context: tuple | None = None,  # (target_hidden [B, T, n*H], positions [B, T], valid [B, T] | None)
+        rows: Rows | None = None,  # the block's rows as the host knows them: no device value is read back
     ) -> torch.Tensor:  # [B, Q, H] after the draft norm
         """Draft one block per row. The context K/V of positions < start must be in `cache`, or come
         in `context` (tokens committed since the last call): then they are stored in the same pass,
@@ -102,23 +106,29 @@ class DFlashDraft(nn.Module):
         positions, valid, ctx = block_positions, None, None
         if context is not None:
             hidden, ctx_positions, ctx_valid = context
-            if b == 1 and ctx_valid is not None:  # one row: its committed rows are a prefix
+            if b == 1 and ctx_valid is not None and rows is None:  # one row: its committed rows are a prefix
                 n = int(ctx_valid.sum())
                 hidden, ctx_positions, ctx_valid = hidden[:, :n], ctx_positions[:, :n], None
             ctx = self.context_features(hidden)
             positions = torch.cat([ctx_positions, block_positions], dim=1)
             if ctx_valid is not None:
                 valid = torch.cat([ctx_valid, torch.ones_like(block_positions, dtype=torch.bool)], dim=1)
-        rope = self.rotary(positions, x.dtype)
         key_end = block_positions[:, -1] + 1  # [B]: context + block
-        s = int(key_end.max())
-        uniform = b == 1 or bool((key_end == s).all())
+        if rows is not None:
+            # the rope table spans the cache: a skipped context entry may sit past the block (a rejected draft of
+            # a wider block), and the table never grows (and moves) under a captured CUDA graph
+            rope = self.rotary(positions, x.dtype, cache.capacity)
+            s, uniform = rows.read_end, rows.uniform
+        else:
+            rope = self.rotary(positions, x.dtype)
+            s = int(key_end.max())
+            uniform = b == 1 or bool((key_end == s).all())
         masks = {}  # one mask per distinct (causal, window) layer kind
         for i, layer in enumerate(self.layers):
             kind = (layer.is_causal, layer.window)
             if kind not in masks:
                 masks[kind] = layer.visible(block_positions, key_end, s, uniform)
-            x = layer(x, ctx, rope, cache, i, slots, positions, valid, s, masks[kind])
+            x = layer(x, ctx, rope, cache, i, slots, positions, valid, s, masks[kind], rows)
         return self.norm(x)
 
     def block_input(self, noise_embedding: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from dflash_trt.checkpoint.configs import DraftConfig
+from dflash_trt.decoding.batch import Rows
 from dflash_trt.model.dflash2 import GroupedDynamicConv
 from dflash_trt.model.kv_cache import KVCache
 from dflash_trt.model.layers import MLP, AttentionProjections, RMSNorm
@@ -53,7 +54,8 @@ class DraftLayer(nn.Module):
                 ok = ok & (-rel < self.window)
         return ok
 
-    def forward(self, x, context, rope, cache: KVCache, layer: int, slots, positions, valid, s: int, visible):
+    def forward(self, x, context, rope, cache: KVCache, layer: int, slots, positions, valid, s: int, visible,
+                rows: Rows | None = None):
         """x [B, Q, H] block rows; context [B, C, H] features of newly committed tokens (or None).
 
         One projection for [context ; block]: the context rows' K/V (no input norm, as z-lab) and the
@@ -68,8 +70,8 @@ class DraftLayer(nn.Module):
             n_ctx = context.shape[1]
             h = torch.cat([context, h], dim=1)
         q, k, v = self.self_attn.query_key_value(h, *rope, q_from=n_ctx)
-        cache.write(layer, slots, positions, k, v, valid)
-        keys, values = cache.read(layer, slots, s)
+        cache.write(layer, slots, positions, k, v, valid, rows and rows.end)
+        keys, values = cache.read(layer, slots, s, rows)
         attended = self.self_attn.attend(q, keys, values, visible)
         x = x + (attended if after is None else self.attention_conv.finish(attended, after))
         h = self.post_attention_layernorm(x)

@@ -1,15 +1,23 @@
 """Static per-slot KV cache; rewind is only a length change.
 
-Layout: k, v are [n_layers, n_slots, n_kv_heads, capacity, head_dim], so a slot's read is a view
-in the [B, heads, S, D] layout attention wants; a write is one index_put over (slot, position) pairs. `lengths[slot]` is the committed length:
+Layout: k, v are [n_layers, n_slots, n_kv_heads, capacity + 1, head_dim], so a slot's read is a view
+in the [B, heads, S, D] layout attention wants; a write is one index_put over (slot, position) pairs.
+`lengths[slot]` is the committed length:
 positions >= length may hold stale K/V from rejected drafts. The target never reads them (its
 mask is causal in absolute positions and writes happen before reads); the drafter masks its
 context by `lengths`. API (nanochat's KVCache): `reset`, `advance(n)`, `crop(pos)`, `get_pos`.
+
+A pass that knows its rows on the host (`Rows`: slots, first positions, width) writes and reads without reading
+any device value back, so it can run on a GPU without a sync and under a CUDA graph: entries a write must skip go
+to one spare position past `capacity` instead of being selected by a boolean mask. Without `Rows` the cache reads
+what it needs from the tensors (free on a CPU) and takes the CPU's faster slice copies.
 """
 
 from __future__ import annotations
 
 import torch
+
+from dflash_trt.decoding.batch import Rows
 
 
 class KVCache:
@@ -23,7 +31,7 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ):
-        shape = (n_layers, n_slots, n_kv_heads, capacity, head_dim)
+        shape = (n_layers, n_slots, n_kv_heads, capacity + 1, head_dim)  # + the spare position skipped writes take
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.lengths = torch.zeros(n_slots, dtype=torch.int64, device=device)  # [n_slots]
@@ -55,9 +63,20 @@ class KVCache:
         k: torch.Tensor,  # [B, T, kv_heads, D]
         v: torch.Tensor,  # [B, T, kv_heads, D]
         valid: torch.Tensor | None = None,  # [B, T] bool: write only these
+        end: int | None = None,  # a bound the host knows: every position written is below it
     ) -> None:
         """Store k, v at (slot, position) pairs. Positions must increase along each row (every caller
-        passes start + arange), which lets a single row at consecutive positions take a slice copy."""
+        passes start + arange), which lets a single row at consecutive positions take a slice copy.
+        With `end`, one scatter that reads nothing back (skipped entries land on the spare position)."""
+        if end is not None:
+            if end > self.capacity:
+                raise IndexError(f"KV cache capacity {self.capacity} exceeded (position {end - 1})")
+            if valid is not None:
+                positions = torch.where(valid, positions, self.capacity)
+            index = slots[:, None].expand_as(positions)
+            self.k[layer][index, :, positions] = k.to(self.k.dtype)
+            self.v[layer][index, :, positions] = v.to(self.v.dtype)
+            return
         first, last = int(positions[0, 0]), int(positions.max())
         if last >= self.capacity:
             raise IndexError(f"KV cache capacity {self.capacity} exceeded (position {last})")
@@ -76,10 +95,16 @@ class KVCache:
         self.k[layer][rows, :, positions] = k.to(self.k.dtype)
         self.v[layer][rows, :, positions] = v.to(self.v.dtype)
 
-    def read(self, layer: int, slots: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(self, layer: int, slots: torch.Tensor, length: int,
+             rows: Rows | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v [B, kv_heads, length, D] for positions 0..length-1 of each slot."""
-        first = int(slots[0])
-        if slots.numel() == 1 or bool((slots[1:] - slots[:-1] == 1).all()):
+        if rows is not None:
+            first = rows.first_slot
+            consecutive = first is not None
+        else:
+            first = int(slots[0])
+            consecutive = slots.numel() == 1 or bool((slots[1:] - slots[:-1] == 1).all())
+        if consecutive:
             n = slots.numel()
             return self.k[layer, first : first + n, :, :length], self.v[layer, first : first + n, :, :length]
         return self.k[layer, slots, :, :length], self.v[layer, slots, :, :length]

@@ -102,9 +102,11 @@ class Rotary(nn.Module):
         cos, sin = self._table(int(positions.max()) + 1, dtype)
         return cos[positions], sin[positions]
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [B, T] -> cos, sin [B, 1, T, head_dim] (broadcast over heads)."""
-        cos, sin = self._table(int(positions.max()) + 1, dtype)
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype,
+                end: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [B, T] -> cos, sin [B, 1, T, head_dim] (broadcast over heads); `end`: a bound on the positions
+        the caller knows on the host (else read from them)."""
+        cos, sin = self._table(end if end is not None else int(positions.max()) + 1, dtype)
         return cos[positions][:, None], sin[positions][:, None]
 
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from dflash_trt.checkpoint.configs import TargetConfig
+from dflash_trt.decoding.batch import Rows
 from dflash_trt.model.kv_cache import KVCache
 from dflash_trt.model.layers import MLP, AttentionProjections, RMSNorm, Rotary
 
@@ -29,11 +30,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(d.hidden_size, d.rms_norm_eps)
         self.mlp = MLP(d)
 
-    def forward(self, x, rope, cache: KVCache, layer: int, slots, positions, visible):
+    def forward(self, x, rope, cache: KVCache, layer: int, slots, positions, visible, rows: Rows | None = None):
         h = self.input_layernorm(x)
         q, k, v = self.self_attn.query_key_value(h, *rope)
-        cache.write(layer, slots, positions, k, v)
-        keys, values = cache.read(layer, slots, visible.shape[-1])
+        cache.write(layer, slots, positions, k, v, end=rows and rows.end)
+        keys, values = cache.read(layer, slots, visible.shape[-1], rows)
         x = x + self.self_attn.attend(q, keys, values, visible)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -81,15 +82,18 @@ class Target(nn.Module):
         tap_layers: tuple[int, ...] = (),
         logit_rows: torch.Tensor | None = None,  # [B, R] indices into T; None = all T rows
         head: bool = True,  # False: return the final-norm hidden states [B, R, H] instead of logits
+        rows: Rows | None = None,  # the rows as the host knows them: no device value is read back
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """-> logits [B, R, V] (or hidden [B, R, H]), target_hidden [B, T, len(tap_layers) * H] (None without taps)."""
         x = self.embed(tokens)
-        rope = self.rotary(positions, x.dtype)
-        key_positions = torch.arange(int(positions.max()) + 1, device=tokens.device)
+        # with rows, the rope table spans the cache: it never grows (and moves) under a captured CUDA graph
+        end = rows.read_end if rows is not None else int(positions.max()) + 1
+        rope = self.rotary(positions, x.dtype, cache.capacity if rows is not None else end)
+        key_positions = torch.arange(end, device=tokens.device)
         visible = (key_positions[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, S]
         taps = {}
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, cache, i, slots, positions, visible)
+            x = layer(x, rope, cache, i, slots, positions, visible, rows)
             if i in tap_layers:
                 taps[i] = x
         x = self.model.norm(x)

@@ -39,9 +39,10 @@ def pair_runners(pair: LoadedPair, limits: ServiceLimits) -> tuple[TargetRunner,
     kernels = select(pair.target.lm_head.weight.device)
     capacity = limits.max_seq_len + block_size + 1
     taps = pair.draft.config.target_layer_ids if block_size > 1 else ()
-    target = TargetClass(pair.target, limits.max_batch_size, capacity, taps, kernels)
+    graphs = {"graphs": limits.cuda_graphs} if pair.target.lm_head.weight.device.type == "cuda" else {}
+    target = TargetClass(pair.target, limits.max_batch_size, capacity, taps, kernels, **graphs)
     draft = DraftClass(pair.draft, pair.target, limits.max_batch_size, capacity, block_size, limits.draft_confidence,
-                       kernels) if block_size > 1 else None
+                       kernels, **graphs) if block_size > 1 else None
     return target, draft
 
 

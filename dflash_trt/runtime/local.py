@@ -26,14 +26,14 @@ def default_draft_confidence(device: str | torch.device) -> float:
 
 def local_engine(pair: LoadedPair, max_seq_len: int, block_size: int | None = None, autoregressive: bool = False,
                  min_confidence: float = 0.0, width_policy: str = "auto", max_batch_size: int = 8,
-                 prefix_cache_bytes: int = 0) -> Engine:
+                 prefix_cache_bytes: int = 0, cuda_graphs: bool = True) -> Engine:
     """An engine over `pair` (autoregressive without a drafter, or when asked) for requests of up to
     `max_seq_len` tokens; `block_size` defaults to the drafter's; a prefix cache of `prefix_cache_bytes`."""
     from dflash_trt.runtime.backends import pair_runners
 
     block = 1 if autoregressive or pair.draft is None else (block_size or pair.draft.config.block_size)
     limits = ServiceLimits(max_batch_size, max_seq_len, block, draft_confidence=min_confidence,
-                           width_policy=width_policy, prefix_cache_bytes=prefix_cache_bytes)
+                           width_policy=width_policy, prefix_cache_bytes=prefix_cache_bytes, cuda_graphs=cuda_graphs)
     target, draft = pair_runners(pair, limits)
     return Engine(target, draft, limits, pair.detokenize if pair.tokenizer is not None else None)
 

@@ -17,8 +17,10 @@ index static per-slot caches, so rewinding a slot is a length change.
   a runner may return fewer drafts than asked, e.g. only those its drafter is confident about)
 - DraftRunner.commit(slots, lengths [B])
 
-`sampling` is (temperature, top_k, top_p, seed), each [B]. Implementations: backends/torch/runners.py,
-backends/cpu/runners.py, backends/trtllm/ (runner.py, draft_runner.py).
+`sampling` is (temperature, top_k, top_p, seed), each [B]. verify and propose also take `rows=` (decoding/batch.py
+`Rows`: the rows' slots, first positions and whether any samples, as Python ints the scheduler holds), so a runner
+on a GPU never reads a device value back to learn them; a runner may ignore it. Implementations:
+backends/torch/runners.py, backends/cpu/runners.py, backends/trtllm/ (runner.py, draft_runner.py).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class TargetRunner(Protocol):
     device: torch.device
 
     def prefill(self, slots, prompts, sampling: Sampling): ...
-    def verify(self, slots, blocks, start, sampling: Sampling): ...
+    def verify(self, slots, blocks, start, sampling: Sampling, rows=None): ...
     def commit(self, slots, lengths): ...
 
 
@@ -43,5 +45,5 @@ class DraftRunner(Protocol):
     block_size: int
 
     def append_context(self, slots, taps, positions, valid): ...
-    def propose(self, slots, bonus, start, block_size=None, sampling=None): ...
+    def propose(self, slots, bonus, start, block_size=None, sampling=None, rows=None): ...
     def commit(self, slots, lengths): ...

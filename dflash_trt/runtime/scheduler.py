@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from dflash_trt.decoding.batch import Rows, StepInputs, to_device
 from dflash_trt.decoding.requests import Detokenize, GenerationResult, Request, Row
-from dflash_trt.decoding.sampling import params_tensors
 from dflash_trt.runtime.prefix_cache import BLOCK, PrefixCache, PrefixStats
 from dflash_trt.runtime.runner import DraftRunner, TargetRunner
 from dflash_trt.runtime.width import MeasuredWidth, policy_for, resolve_policy, temperature_band
@@ -42,6 +42,7 @@ class ServiceLimits:
     draft_confidence: float = 0.0  # > 0: verify only the drafts the drafter trusts this much
     width_policy: str = "auto"  # runtime/width.py: "schedule", "measured", "auto" (measured on CPU)
     prefix_cache_bytes: int = 0  # K/V kept for prompts' cached prefixes (runtime/prefix_cache.py); 0: off
+    cuda_graphs: bool = True  # on CUDA: draft and verify passes replayed as CUDA graphs (backends/torch/graphs.py)
 
 
 @dataclass
@@ -133,6 +134,7 @@ class Scheduler:
         self._admitting: list[Sequence] = []  # popped from waiting, not yet running (for failures)
         self.prefix = self._prefix_cache(prefix_cache_bytes)
         self._restored = 0  # prompt tokens restored from the prefix cache in this step's admissions
+        self.inputs = StepInputs(device)
 
     @classmethod
     def from_limits(cls, target: TargetRunner, draft: DraftRunner | None, limits: ServiceLimits,
@@ -269,7 +271,7 @@ class Scheduler:
         seq.emit(Event([], finished=True, cancelled=cancelled, result=seq.row.result(), stats=seq.stats()))
 
     def _sampling(self, seqs: list[Sequence]):
-        return params_tensors([s.request.params for s in seqs], self.device)
+        return self.inputs.sampling(tuple(s.id for s in seqs), [s.request.params for s in seqs])
 
     def _admit(self) -> int:
         self._restored = 0
@@ -281,7 +283,7 @@ class Scheduler:
         self._admitting = seqs
         for seq in seqs:
             seq.slot = self.free_slots.pop(0)
-        slots = torch.tensor([s.slot for s in seqs], device=self.device)
+        slots = self.inputs.slots(tuple(s.slot for s in seqs))
         extra = {"bans": [s.request.bans([]) for s in seqs]} if any(s.request.bad_words for s in seqs) else {}
         if self.prefix is not None:
             extra["cached"] = [self._restore_prefix(seq) if seq.request.prefix_cache else 0 for seq in seqs]
@@ -356,15 +358,16 @@ class Scheduler:
         # ascending slots: a full batch is one consecutive slot range, whose cache read is a view (any other set
         # is a gather copy of every layer's K/V)
         seqs = [self.running[slot] for slot in sorted(self.running)]
-        slots = torch.tensor([s.slot for s in seqs], device=self.device)
-        bonus = torch.tensor([s.bonus for s in seqs], device=self.device)
-        start = torch.tensor([s.start for s in seqs], device=self.device)
+        slots = self.inputs.slots(tuple(s.slot for s in seqs))
+        bonus, start = to_device([[s.bonus for s in seqs], [s.start for s in seqs]], self.device)
         t0 = time.perf_counter()
         bands = [temperature_band(s.request.params.temperature) for s in seqs]
         width = min(self.verify_width(len(seqs), bands), max(s.row.remaining for s in seqs))  # the last blocks narrow
         sampling = self._sampling(seqs)
+        rows = Rows(tuple(s.slot for s in seqs), tuple(s.start for s in seqs),
+                    sampled=any(s.request.params.temperature > 0 for s in seqs))
         if self.draft is not None and width > 1:
-            drafts = self.draft.propose(slots, bonus, start, width, sampling)  # [n, K]; sampled rows: coupled
+            drafts = self.draft.propose(slots, bonus, start, width, sampling, rows=rows)  # [n, K]; sampled: coupled
         else:  # K = 0: a plain autoregressive step (no drafter, or a schedule entry of block 1)
             drafts = torch.zeros(len(seqs), 0, dtype=torch.int64, device=self.device)
         t1 = time.perf_counter()
@@ -372,22 +375,23 @@ class Scheduler:
         extra = {}
         if any(s.request.bad_words for s in seqs):  # the rule's bans per row and block row
             extra["bans"] = [s.request.bans(s.row.tokens, block) for s, block in zip(seqs, blocks.tolist())]
-        tokens, accepted, taps = self.target.verify(slots, blocks, start, sampling, **extra)
+        tokens, accepted, taps = self.target.verify(slots, blocks, start, sampling, rows=rows, **extra)
         t2 = time.perf_counter()
-        committed = accepted + 1
-        new_start = start + committed
+        new_start = start + accepted + 1
         self.target.commit(slots, new_start)
         if self.draft is not None:
             offsets = torch.arange(blocks.shape[1], device=self.device)[None, :]
-            self.draft.append_context(slots, taps, start[:, None] + offsets, offsets < committed[:, None])
+            self.draft.append_context(slots, taps, start[:, None] + offsets, offsets <= accepted[:, None])
             self.draft.commit(slots, new_start)
-        kept_per_row = []
-        for seq, row_tokens, a, s in zip(seqs, tokens.tolist(), accepted.tolist(), new_start.tolist()):
-            seq.bonus, seq.start = row_tokens[a], s
+        # the step's one read back: accepted counts and tokens together (each read waits for the device)
+        read = torch.cat([accepted[:, None], tokens[:, : blocks.shape[1]]], dim=1).tolist()
+        kept_per_row, accepted = [], [row[0] for row in read]
+        for seq, (a, *row_tokens) in zip(seqs, read):
+            seq.bonus, seq.start = row_tokens[a], seq.start + a + 1
             kept_per_row.append(self._commit(seq, row_tokens[: a + 1], a, drafts.shape[1]))
         # the whole step, commit and streaming included; a draft pass that also stored AR steps' context is not
         # timed (MeasuredWidth.update)
         backlog, spent = width > 1 and getattr(self.draft, "backlog", False), time.perf_counter() - t0
-        self.widths.update(bands, accepted.tolist(), width, None if backlog else spent, spent)
+        self.widths.update(bands, accepted, width, None if backlog else spent, spent)
         warm = [s.row.cached_tokens > 0 for s in seqs]
-        return t1 - t0, t2 - t1, kept_per_row, drafts.shape[1], accepted.tolist(), warm
+        return t1 - t0, t2 - t1, kept_per_row, drafts.shape[1], accepted, warm

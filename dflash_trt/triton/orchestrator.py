@@ -274,7 +274,8 @@ class Orchestrator:
                                     schedule if block_size > 1 else None,
                                     draft_confidence=float(runtime.get("draft_confidence", 0.0)),
                                     width_policy=params.get("width_policy") or runtime.get("width_policy", "auto"),
-                                    prefix_cache_bytes=int(runtime.get("prefix_cache_bytes", 0)))
+                                    prefix_cache_bytes=int(runtime.get("prefix_cache_bytes", 0)),
+                                    cuda_graphs=bool(runtime.get("cuda_graphs", True)))
         self.metrics = Metrics(pb, self.limits.block_size, config["name"])
         self.emitter = Emitter()
         on_step = lambda step: self.emitter.post(lambda: self.metrics.on_step(step))  # noqa: E731

@@ -217,7 +217,7 @@ class _LayerCall:
         self.k_base, self.v_base = cache.k.data_ptr(), cache.v.data_ptr()
         self.args = (x.data_ptr(), n, self.q_rows, None if context is None else context.data_ptr(),
                      None if context_counts is None else context_counts.data_ptr(), cos.data_ptr(), sin.data_ptr())
-        self.tail = (slots.data_ptr(), starts.data_ptr(), cache.capacity, int(causal))
+        self.tail = (slots.data_ptr(), starts.data_ptr(), cache.k.shape[3], int(causal))  # the position stride
 
     def __call__(self, i: int, lo: int, hi: int, write_kv: bool) -> None:
         lib, offset = ops.library(), i * self.layer_bytes
@@ -292,7 +292,7 @@ class DraftStep:
         kept = ops.library().dfl_draft_step(
             self.pointer, block.data_ptr(), width, None if target_hidden is None else target_hidden.data_ptr(), n,
             cos.data_ptr(), sin.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(), cache.k[0].numel(), slot, start,
-            cache.capacity, floor, rule, drafts.data_ptr(), ctypes.byref(last_rows))
+            cache.k.shape[3], floor, rule, drafts.data_ptr(), ctypes.byref(last_rows))
         if kept < 1:
             raise ValueError(f"dfl_draft_step rejected its sizes (block {width} rows at {start}, {n} context rows, "
                              f"cache capacity {cache.capacity})")

@@ -23,13 +23,13 @@ class CpuTargetRunner(TorchTargetRunner):
         super().__init__(*args, **kwargs)
         self._fixed: dict = {}
 
-    def forward(self, tokens, positions, slots, logit_rows=None, head: bool = True):
+    def forward(self, tokens, positions, slots, logit_rows=None, head: bool = True, rows=None):
         with layers.weights_fixed_in(self._fixed):
             return cpu_target.forward(self.target, tokens, positions, self.cache, slots, self.tap_layers, logit_rows,
                                       head)
 
     @torch.inference_mode()
-    def verify(self, slots: torch.Tensor, blocks: torch.Tensor, start: torch.Tensor, sampling, bans=None):
+    def verify(self, slots: torch.Tensor, blocks: torch.Tensor, start: torch.Tensor, sampling, bans=None, rows=None):
         if blocks.shape[1] == 1 or bans is not None:
             return super().verify(slots, blocks, start, sampling, bans)
         positions = start[:, None] + torch.arange(blocks.shape[1])[None, :]
@@ -44,7 +44,7 @@ class CpuDraftRunner(TorchDraftRunner):
         super().__init__(*args, **kwargs)
         self._fixed: dict = {}
 
-    def draft_block(self, noise_embedding, positions, slots, context, sampling, anchor) -> torch.Tensor:
+    def draft_block(self, noise_embedding, positions, slots, context, sampling, anchor, rows=None) -> torch.Tensor:
         with layers.weights_fixed_in(self._fixed):
             return cpu_draft.draft_block(self.draft, noise_embedding, positions, self.cache, slots, context,
                                          self.target.lm_head, self.min_confidence, sampling, anchor,

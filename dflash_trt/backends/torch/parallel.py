@@ -109,9 +109,9 @@ def fp8_kv_writes(cache, scales: dict[int, torch.Tensor]):
     the drafter's transient noise-block K/V are not."""
     write = cache.write
 
-    def fp8_write(layer, slots, positions, k, v, valid=None):
+    def fp8_write(layer, slots, positions, k, v, valid=None, end=None):
         scale = scales[layer]
-        return write(layer, slots, positions, fp8_round_trip(k, scale), fp8_round_trip(v, scale), valid)
+        return write(layer, slots, positions, fp8_round_trip(k, scale), fp8_round_trip(v, scale), valid, end)
 
     cache.write = fp8_write  # instance attribute shadows the method
     return cache

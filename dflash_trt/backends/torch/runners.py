@@ -13,10 +13,13 @@ Any other call order stores the pending context first.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from dflash_trt.backends.torch.graphs import PassGraphs, keys_bucket
 from dflash_trt.decoding.bad_words import mask_banned
-from dflash_trt.decoding.batch import pad_prompts
+from dflash_trt.decoding.batch import Rows, pad_prompts
 from dflash_trt.decoding.drafts import DraftOps, propose
 from dflash_trt.kernels import Kernels, select
 from dflash_trt.model.kv_cache import BlockPool
@@ -49,16 +52,18 @@ class PrefixBlocks:
 class TorchTargetRunner(PrefixBlocks):
     supports_bad_words = True  # prefill / verify take `bans` (decoding/bad_words.py)
 
-    def __init__(self, target, n_slots: int, capacity: int, tap_layers: tuple[int, ...], kernels: Kernels | None = None):
+    def __init__(self, target, n_slots: int, capacity: int, tap_layers: tuple[int, ...], kernels: Kernels | None = None,
+                 graphs: bool = False):
         self.target, self.tap_layers = target, tuple(tap_layers)
         self.cache = target.new_cache(n_slots, capacity)
         self.device = target.lm_head.weight.device
         self.vocab_size = target.config.vocab_size
         self.kernels = kernels or select(self.device)
+        self.graphs = PassGraphs() if graphs else None  # verify passes as CUDA graphs (graphs.py)
 
-    def forward(self, tokens, positions, slots, logit_rows=None, head: bool = True):
+    def forward(self, tokens, positions, slots, logit_rows=None, head: bool = True, rows: Rows | None = None):
         """The target's pass over these slots' cache: logits (or final-norm hidden) and taps."""
-        return self.target(tokens, positions, self.cache, slots, self.tap_layers, logit_rows, head)
+        return self.target(tokens, positions, self.cache, slots, self.tap_layers, logit_rows, head, rows)
 
     @torch.inference_mode()
     def prefill(self, slots: torch.Tensor, prompts: list[tuple[int, ...]], sampling: Sampling, bans=None,
@@ -77,17 +82,31 @@ class TorchTargetRunner(PrefixBlocks):
         return self.kernels.sample_tokens(logits[:, 0], lengths, *sampling), taps, positions, lengths
 
     @torch.inference_mode()
-    def verify(self, slots: torch.Tensor, blocks: torch.Tensor, start: torch.Tensor, sampling: Sampling, bans=None):
+    def verify(self, slots: torch.Tensor, blocks: torch.Tensor, start: torch.Tensor, sampling: Sampling, bans=None,
+               rows: Rows | None = None):
         """blocks [B, K+1] = [bonus, d_1 .. d_K] at `start` -> tokens [B, K+1], accepted [B], taps. `bans`
-        (optional): per row, per block row, the token ids the rule must not choose there."""
+        (optional): per row, per block row, the token ids the rule must not choose there. `rows`: the same rows
+        as the host knows them (then no device value is read back); with them a runner with graphs replays the
+        pass from a CUDA graph."""
+        rows = rows and replace(rows, width=blocks.shape[1])
+        if self.graphs is not None and rows is not None and bans is None:
+            keys = keys_bucket(rows.end, self.cache.capacity)
+            fixed = replace(rows, keys=keys)
+            return self.graphs.run(("verify", rows.slots, rows.width, keys, rows.sampled),
+                                   lambda s, b, p, *rule: self._verify(s, b, p, rule, None, fixed),
+                                   (slots, blocks, start, *sampling))
+        return self._verify(slots, blocks, start, sampling, bans, rows)
+
+    def _verify(self, slots, blocks, start, sampling, bans, rows):
+        sampled = None if rows is None else rows.sampled
         positions = start[:, None] + torch.arange(blocks.shape[1], device=self.device)[None, :]
-        logits, taps = self.forward(blocks, positions, slots)
+        logits, taps = self.forward(blocks, positions, slots, rows=rows)
         if bans is not None:
             mask_banned(logits, bans)
         if blocks.shape[1] == 1:  # an AR step: the token at start + 1 by the sampling rule
-            tokens = self.kernels.sample_tokens(logits[:, 0], start + 1, *sampling)[:, None]
+            tokens = self.kernels.sample_tokens(logits[:, 0], start + 1, *sampling, sampled=sampled)[:, None]
             return tokens, torch.zeros(blocks.shape[0], dtype=torch.int64, device=self.device), taps
-        tokens, accepted = self.kernels.verify_block(logits, blocks[:, 1:], start, *sampling)
+        tokens, accepted = self.kernels.verify_block(logits, blocks[:, 1:], start, *sampling, sampled=sampled)
         return tokens, accepted, taps
 
     def commit(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
@@ -112,9 +131,16 @@ def merge_context(parts: list[tuple]) -> tuple | None:
     return parts[-1][0], hidden, positions.gather(1, order), kept
 
 
+def same_slots(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two slot tensors hold the same slots. The scheduler hands the same tensor for the same set, so on a
+    GPU identity answers without reading the device back; a miss there only stores the context in a pass of its
+    own (the same K/V)."""
+    return a is b or (not a.is_cuda and a.shape == b.shape and torch.equal(a, b))
+
+
 class TorchDraftRunner(PrefixBlocks):
     def __init__(self, draft, target, n_slots: int, capacity: int, block_size: int, min_confidence: float = 0.0,
-                 kernels: Kernels | None = None):
+                 kernels: Kernels | None = None, graphs: bool = False):
         self.draft, self.target, self.block_size = draft, target, block_size
         self.min_confidence = min_confidence  # > 0: propose only confident drafts (decoding/drafts.py)
         self.cache = draft.new_cache(n_slots, capacity)
@@ -123,12 +149,14 @@ class TorchDraftRunner(PrefixBlocks):
         self.kernels = kernels or select(self.device)
         self.pending: list[tuple] = []  # (slots, taps, positions, valid) of the same slots, not yet stored
         self.backlog = False  # the last propose also stored AR steps' context (the width policy does not time it)
+        # draft passes as CUDA graphs (graphs.py), where a graph can hold them: no confidence cut, no DFlash2 walk
+        self.graphs = PassGraphs() if graphs and min_confidence <= 0.0 and draft.candidate_selector is None else None
 
     @torch.inference_mode()
     def append_context(self, slots, taps, positions, valid) -> None:
         """Deferred: the next `propose` over the same slots stores it in its own pass; a context of other
         slots stores what is pending first."""
-        if self.pending and torch.equal(self.pending[-1][0], slots):
+        if self.pending and same_slots(self.pending[-1][0], slots):
             self.pending.append((slots, taps, positions, valid))
             return
         self._store(merge_context(self.pending))
@@ -137,37 +165,60 @@ class TorchDraftRunner(PrefixBlocks):
     def _store(self, context: tuple | None) -> None:
         if context is not None:
             slots, taps, positions, valid = context
-            self.draft.append_context(taps, positions, self.cache, slots, valid)
+            self.draft.append_context(taps, positions, self.cache, slots, valid, on_device=self.device.type != "cpu")
 
     def _take(self, slots: torch.Tensor) -> tuple | None:
         """The pending context as a draft pass over `slots` takes it (stored first if of other slots)."""
         context, self.pending = merge_context(self.pending), []
         if context is None:
             return None
-        if context[0] is slots or torch.equal(context[0], slots):
+        if same_slots(context[0], slots):
             return context[1:]
         self._store(context)
         return None
 
     @torch.inference_mode()
     def propose(self, slots: torch.Tensor, bonus: torch.Tensor, start: torch.Tensor,
-                block_size: int | None = None, sampling=None) -> torch.Tensor:
+                block_size: int | None = None, sampling=None, rows: Rows | None = None) -> torch.Tensor:
         """Drafts [B, K' <= block_size - 1] for blocks [bonus, MASK x K] opened at `start` (K may vary per
         step; K' < K when the drafter is not confident past K'). `sampling` (T, top_k, top_p, seed [B]):
-        rows with T > 0 get coupled drafts."""
+        rows with T > 0 get coupled drafts. `rows`: the same rows as the host knows them (then no device value
+        is read back)."""
         width = min(block_size or self.block_size, self.block_size)
+        if rows is not None:
+            rows = replace(rows, width=width)
+            sampling = sampling if rows.sampled else None  # all greedy: argmax drafts, nothing asks the tensors
         self.backlog = len(self.pending) > 1
         context = self._take(slots)
         block = torch.full((slots.numel(), width), self.mask_token_id, dtype=torch.int64, device=self.device)
         block[:, 0] = bonus
         positions = start[:, None] + torch.arange(width, device=self.device)[None, :]
-        return self.draft_block(self.target.embed(block), positions, slots, context, sampling, bonus)
+        if self.graphs is not None and rows is not None and (context is None or context[0].shape[1] <= self.block_size):
+            return self._graphed(block, positions, slots, context, sampling, bonus, rows)
+        return self.draft_block(self.target.embed(block), positions, slots, context, sampling, bonus, rows)
 
-    def draft_block(self, noise_embedding, positions, slots, context, sampling, anchor) -> torch.Tensor:
+    def _graphed(self, block, positions, slots, context, sampling, bonus, rows) -> torch.Tensor:
+        """The draft pass from a CUDA graph per key (a verify step's context, of its width, or none)."""
+        keys = keys_bucket(rows.end, self.cache.capacity)
+        fixed = replace(rows, keys=keys)
+        shape = None if context is None else (context[0].shape[1], context[2] is None)
+        n_rule = 0 if sampling is None else len(sampling)
+
+        def drafts(block, positions, slots, bonus, *rest):
+            rule, ctx = (tuple(rest[:n_rule]) or None), rest[n_rule:]
+            ctx = None if not ctx else (ctx[0], ctx[1], ctx[2] if len(ctx) > 2 else None)
+            return (self.draft_block(self.target.embed(block), positions, slots, ctx, rule, bonus, fixed),)
+
+        inputs = (block, positions, slots, bonus, *(sampling or ()),
+                  *(() if context is None else (t for t in context if t is not None)))
+        return self.graphs.run(("draft", rows.slots, rows.width, keys, rows.sampled, shape), drafts, inputs)[0]
+
+    def draft_block(self, noise_embedding, positions, slots, context, sampling, anchor, rows=None) -> torch.Tensor:
         """One draft pass over the block (and the pending context), then the proposals."""
-        hidden = self.draft(noise_embedding, positions, self.cache, slots, context)
+        hidden = self.draft(noise_embedding, positions, self.cache, slots, context, rows)
         return propose(self.draft, hidden[:, 1:], self.target.lm_head, positions[:, 0], sampling, anchor,
-                       self.min_confidence, DraftOps(sample=self.kernels.sample_tokens))
+                       self.min_confidence, DraftOps(sample=self.kernels.sample_tokens),
+                       None if rows is None else rows.sampled)
 
     def commit(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
         self.cache.crop(slots, lengths)  # lengths only: a pending context stays pending

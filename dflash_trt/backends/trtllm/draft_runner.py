@@ -60,7 +60,7 @@ class GraphDraftRunner:
         self.v[:, rows, :, pos] = out["context_v"].to(self.device, self.dtype).permute(1, 0, 2, 3)
 
     @torch.inference_mode()
-    def propose(self, slots, bonus, start, block_size: int | None = None, sampling=None) -> torch.Tensor:
+    def propose(self, slots, bonus, start, block_size: int | None = None, sampling=None, rows=None) -> torch.Tensor:
         """drafts [B, Q-1] (int64) for blocks [bonus, MASK x (Q-1)] at positions start..start+Q-1: the argmax,
         and for the rows of `sampling` (T, top_k, top_p, seed [B]) with T > 0 coupled drafts when the graphs
         return logits (`spec.sampled`); graphs for greedy requests only give every row its argmax (lossless:

@@ -177,7 +177,7 @@ class TrtllmTargetRunner:
         return first, taps, positions, lengths
 
     @torch.inference_mode()
-    def verify(self, slots, blocks, start, sampling):
+    def verify(self, slots, blocks, start, sampling, rows=None):
         """blocks [B, w] (w <= K+1) -> tokens [B, w], accepted [B], taps [B, w, n*H]."""
         width, sampled = blocks.shape[1], [bool(t > 0) for t in sampling[0].tolist()]
         inputs = [block_input(self.history[s], p, row) for s, p, row in
