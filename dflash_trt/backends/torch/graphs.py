@@ -2,9 +2,9 @@
 
 A small model's step on a GPU is bound by kernel launches, not by the GPU (each pass launches a few hundred
 kernels); a graph replays them in one launch. A graph fixes every shape and every host value it saw at capture,
-so each pass is captured per key: the rows' slots, the block width, the keys the pass reads (rounded up to
-`KEYS_BUCKET` positions; attention masks the rest) and what else shapes it (sampled rows, the pending context's
-length). What changes from step to step lives in tensors: the captured pass reads its inputs from static tensors
+so each pass is captured per key: the number of rows (and the first slot when the slots are consecutive), the
+block width, the keys the pass reads (rounded up to `KEYS_BUCKET` positions; attention masks the rest) and what
+else shapes it (sampled rows, the pending context's length). What changes from step to step lives in tensors: the captured pass reads its inputs from static tensors
 that each replay fills by device-to-device copies, and writes its outputs to static tensors the caller copies out
 (as vLLM's and SGLang's runners do). A key is captured the second time it is seen (the first run is eager, and
 warms up allocations); at most `MAX_GRAPHS` stay, least recently used first out.
@@ -28,6 +28,12 @@ MAX_GRAPHS = 64  # captured passes kept per runner (each holds its static tensor
 def keys_bucket(end: int, capacity: int) -> int:
     """The keys a captured pass reads for rows that need `end`: the next multiple of KEYS_BUCKET, within the cache."""
     return min(-(-end // KEYS_BUCKET) * KEYS_BUCKET, capacity)
+
+
+def graph_slots(rows) -> tuple[int, int | None]:
+    """What a captured pass fixes of its rows' slots: their number, and the first when they are one ascending run
+    (its cache reads are views from there); other sets read through the slots tensor, an input like the rest."""
+    return len(rows.slots), rows.first_slot
 
 
 def capture(fn: Callable, inputs: tuple[torch.Tensor, ...], pool) -> tuple[Callable[[], None], tuple]:

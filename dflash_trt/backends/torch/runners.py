@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from dflash_trt.backends.torch.graphs import PassGraphs, keys_bucket
+from dflash_trt.backends.torch.graphs import PassGraphs, graph_slots, keys_bucket
 from dflash_trt.decoding.bad_words import mask_banned
 from dflash_trt.decoding.batch import Rows, pad_prompts
 from dflash_trt.decoding.drafts import DraftOps, propose
@@ -92,7 +92,7 @@ class TorchTargetRunner(PrefixBlocks):
         if self.graphs is not None and rows is not None and bans is None:
             keys = keys_bucket(rows.end, self.cache.capacity)
             fixed = replace(rows, keys=keys)
-            return self.graphs.run(("verify", rows.slots, rows.width, keys, rows.sampled),
+            return self.graphs.run(("verify", graph_slots(rows), rows.width, keys, rows.sampled),
                                    lambda s, b, p, *rule: self._verify(s, b, p, rule, None, fixed),
                                    (slots, blocks, start, *sampling))
         return self._verify(slots, blocks, start, sampling, bans, rows)
@@ -211,7 +211,7 @@ class TorchDraftRunner(PrefixBlocks):
 
         inputs = (block, positions, slots, bonus, *(sampling or ()),
                   *(() if context is None else (t for t in context if t is not None)))
-        return self.graphs.run(("draft", rows.slots, rows.width, keys, rows.sampled, shape), drafts, inputs)[0]
+        return self.graphs.run(("draft", graph_slots(rows), rows.width, keys, rows.sampled, shape), drafts, inputs)[0]
 
     def draft_block(self, noise_embedding, positions, slots, context, sampling, anchor, rows=None) -> torch.Tensor:
         """One draft pass over the block (and the pending context), then the proposals."""
