@@ -82,6 +82,16 @@ def test_which_route_a_tensorrt_llm_version_serves(version, engine, llmapi):
     assert versions.serves_llmapi_route(version) is llmapi
 
 
+@pytest.mark.parametrize("version,warned", [("1.2.1", False), ("1.3.0rc27", True)])
+def test_doctor_says_what_a_reused_prefix_costs_on_route_b(monkeypatch, version, warned):
+    monkeypatch.setattr(versions, "installed_version", lambda name: version if name == "tensorrt_llm" else None)
+    rows = {r["component"]: r for r in doctor.probe_trtllm()}
+    assert ("prefix cache (route B)" in rows) is warned
+    if warned:
+        assert rows["prefix cache (route B)"]["status"] == "warn"
+        assert "acceptance" in rows["prefix cache (route B)"]["detail"]
+
+
 def test_doctor_cli_table_and_json(no_gpu_stack):
     result = CliRunner().invoke(cli, ["doctor", "--json"])
     assert result.exit_code == 0, result.output

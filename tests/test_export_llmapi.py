@@ -110,6 +110,20 @@ def test_export_from_the_hopper_preset(tmp_path):
     assert "model.py" in (tmp_path / "tensorrt_llm" / "1" / "README.txt").read_text()
 
 
+def test_block_reuse_is_off_unless_asked_and_the_export_says_what_a_hit_costs(tmp_path):
+    base = ["export", "trtllm-llmapi", "--config", str(ROOT / "build_configs" / "qwen3-8b-fp8-hopper.yaml"),
+            "--gpu-arch", "sm90"]
+    for flag, reuse in ((None, False), ("--kv-block-reuse", True)):
+        out = tmp_path / str(reuse)
+        result = CliRunner().invoke(cli, base + ["--out", str(out)] + ([flag] if flag else []))
+        assert result.exit_code == 0, result.output
+        cfg = yaml.safe_load((out / "tensorrt_llm" / "1" / "model.yaml").read_text())
+        assert cfg["kv_cache_config"]["enable_block_reuse"] is reuse
+        said = " ".join(result.output.split())
+        assert f"KV block reuse (TensorRT-LLM's prefix cache) is {'on' if reuse else 'off'}" in said
+        assert "acceptance and speed-up fall on every cache hit" in said and "_store_prefill_context" in said
+
+
 def test_export_reads_the_block_size_and_copies_nvidia_files(tmp_path, tiny_pair):
     llmapi = tmp_path / "llmapi"
     (llmapi / "1").mkdir(parents=True)

@@ -102,9 +102,16 @@ def probe_trtllm() -> list[dict]:
     routes = [name for name, ok in (("A: paired engines", versions.serves_engine_route(version)),
                                     ("B: native DFlash", versions.serves_llmapi_route(version))) if ok]
     exact = version == TRTLLM_ENGINE_VERSION or versions.serves_llmapi_route(version)
-    return [row("tensorrt_llm", "ok" if exact else "warn", version,
+    rows = [row("tensorrt_llm", "ok" if exact else "warn", version,
                 "serves route " + " and ".join(routes) if routes else "serves neither route",
                 "" if exact else INSTALL["tensorrt_llm"])]
+    if versions.serves_llmapi_route(version):
+        rows.append(row("prefix cache (route B)", "warn", version,
+                        "TensorRT-LLM's DFlash drafter loses a reused prefix's context: a prefix-cache hit skips the "
+                        "target's prefill but lowers acceptance (dflash.py, _store_prefill_context); the export keeps "
+                        "enable_block_reuse off unless --kv-block-reuse",
+                        "for chains with shared prompts, the torch backend keeps the drafter's context per block"))
+    return rows
 
 
 def probe_tritonserver() -> list[dict]:

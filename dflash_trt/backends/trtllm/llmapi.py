@@ -67,6 +67,7 @@ class LlmapiExport:
     pp: int = 1  # pipeline_parallel_size
     ep: int | None = None  # moe_expert_parallel_size (MoE targets); None: TensorRT-LLM's default
     trtllm_version: str = llmapi_fields.PIN  # the release the server runs: which fields model.yaml may carry
+    kv_block_reuse: bool = False  # TensorRT-LLM's prefix cache: the target's K/V only (REUSED_PREFIX_COST)
 
     def __post_init__(self):
         llmapi_fields.check_release(self.trtllm_version)
@@ -115,9 +116,24 @@ def draft_len_schedule(e: LlmapiExport) -> dict[int, int]:
     return schedule
 
 
+# What a prefix-cache hit costs under TensorRT-LLM's native DFlash, read from its source
+# (tensorrt_llm/_torch/speculative/dflash.py@00679c6, DFlashWorker._store_prefill_context): the drafter's context
+# is built from the hidden states of the tokens a forward computes, and a new request's first context chunk opens
+# its context at length 0 whatever its first position. A reused prefix never passes through the target, so its
+# context holds only the recomputed tail: outputs stay the target's, acceptance falls on every hit
+# (NVIDIA/TensorRT-LLM issue 16005: "not able to retrieve the context on a prefix-cache hit").
+REUSED_PREFIX_COST = (
+    "KV block reuse (TensorRT-LLM's prefix cache) is {state}. With it on, a request whose prompt starts with cached "
+    "blocks skips their prefill for the target, but TensorRT-LLM's DFlash drafter then reads a context without "
+    "those positions (its context is built only from tokens a forward computes: tensorrt_llm/_torch/speculative/"
+    "dflash.py, _store_prefill_context): outputs stay exact, acceptance and speed-up fall on every cache hit, the "
+    "more the longer the shared prefix. dflash-trt's own engine keeps the drafter's context per cached block "
+    "(docs/serving.md, prefix cache).")
+
+
 def model_yaml(e: LlmapiExport) -> dict:
     """The llmapi model.yaml: LLM() keyword arguments plus `triton_config`."""
-    kv_cache = {"free_gpu_memory_fraction": e.free_gpu_memory_fraction, "enable_block_reuse": False}
+    kv_cache = {"free_gpu_memory_fraction": e.free_gpu_memory_fraction, "enable_block_reuse": e.kv_block_reuse}
     if e.kv_cache == "fp8":
         kv_cache["dtype"] = "fp8"
     return {
