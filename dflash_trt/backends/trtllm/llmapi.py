@@ -121,7 +121,7 @@ def draft_len_schedule(e: LlmapiExport) -> dict[int, int]:
 # is built from the hidden states of the tokens a forward computes, and a new request's first context chunk opens
 # its context at length 0 whatever its first position. A reused prefix never passes through the target, so its
 # context holds only the recomputed tail: outputs stay the target's, acceptance falls on every hit
-# (NVIDIA/TensorRT-LLM issue 16005: "not able to retrieve the context on a prefix-cache hit").
+# (NVIDIA/TensorRT-LLM#16005: "not able to retrieve the context on a prefix-cache hit").
 REUSED_PREFIX_COST = (
     "KV block reuse (TensorRT-LLM's prefix cache) is {state}. With it on, a request whose prompt starts with cached "
     "blocks skips their prefill for the target, but TensorRT-LLM's DFlash drafter then reads a context without "
