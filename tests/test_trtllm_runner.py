@@ -1,5 +1,5 @@
 """TrtllmTargetRunner's bookkeeping (prompt-append inputs, output parsing, commit / rewind, sampled rows,
-per-sequence KV salts) against an emulator of TensorRT-LLM's Executor.
+KV salts and the prefix cache) against an emulator of TensorRT-LLM's Executor.
 
 TensorRT-LLM cannot run here, so the executor is `trtllm_emulator.ExecutorEmulator`: it computes the
 engine's DFlash outputs with the torch target and returns them the way UPSTREAM's executor does (both
@@ -30,7 +30,8 @@ def _runner(pair, drop_rows=0, sampled=True, tokens_per_block=4):
     outputs = TargetOutputs(len(d.target_layer_ids), d.dims.hidden_size, pair.target.config.vocab_size, d.block_size,
                             "fp32", sampled).to_list()
     settings = {"num_drafts": d.block_size - 1, "vocab_size": pair.target.config.vocab_size,
-                "target_layer_ids": list(d.target_layer_ids), "hidden_size": d.dims.hidden_size, "outputs": outputs}
+                "target_layer_ids": list(d.target_layer_ids), "hidden_size": d.dims.hidden_size, "outputs": outputs,
+                "tokens_per_block": tokens_per_block}
     registered = [(o["name"], o["gather_context"]) for o in outputs]  # what TrtllmTargetRunner.open registers
     tokens = engine_lengths(MAX_SEQ, d.block_size, SLOTS)["max_num_tokens"]  # what trtllm-build gets
     emulator = ExecutorEmulator(pair.target, d.target_layer_ids, d.block_size - 1, registered,
@@ -140,9 +141,10 @@ def test_a_greedy_engine_has_no_block_logits_and_refuses_sampled_requests(loaded
         runner.prefill(torch.tensor([1]), [(1, 2, 3, 4)], sampled)
 
 
-def test_each_sequence_gets_its_own_kv_salt_so_a_shared_prefix_never_hides_its_taps(loaded_tiny_pair):
-    """Two prompts sharing a 3-block system prompt: without salts upstream reuses the first one's blocks and
-    leaves the second's prefix rows of context_dflash_taps unwritten; with a salt per sequence both get
+def test_a_shared_prefix_without_its_drafter_context_never_hides_taps(loaded_tiny_pair):
+    """Two prompts sharing a 3-block system prompt and no prefix cache: without salts upstream reuses the first
+    one's blocks and leaves the second's prefix rows of context_dflash_taps unwritten; the runner sees the engine
+    could reuse rows it has no drafter context for and gives the second sequence a salt of its own, so both get
     every row, and each sequence's verifies still reuse its own history."""
     pair = loaded_tiny_pair
     system = list(range(10, 22))  # 12 tokens = 3 blocks of 4
@@ -206,3 +208,76 @@ def test_trtllm_bundle_decodes_like_torch():
     requests = [Request(tuple(o["prompt_ids"]), stop=StopCriteria(golden["max_new_tokens"])) for o in golden["outputs"]]
     got = decode(target, draft, requests, 4)
     assert [r.tokens for r in got] == [o["token_ids"] for o in golden["outputs"]]
+
+
+def _chain(pair, requests, prefix_cache_bytes: int, draft=None):
+    """The emulated engine (KV blocks of the prefix cache's size: the built engines' TOKENS_PER_BLOCK is a multiple
+    of it) + the torch drafter through the engine loop, one request after another (a chain)."""
+    from dflash_trt.runtime.generate import Engine
+    from dflash_trt.runtime.prefix_cache import BLOCK
+    from dflash_trt.runtime.scheduler import ServiceLimits
+
+    d = pair.draft.config
+    runner, emulator = _runner(pair, tokens_per_block=BLOCK)
+    limits = ServiceLimits(SLOTS, MAX_SEQ, d.block_size, width_policy="schedule", prefix_cache_bytes=prefix_cache_bytes)
+    draft = draft() if draft else TorchDraftRunner(pair.draft, pair.target, SLOTS, MAX_SEQ + d.block_size + 1,
+                                                   d.block_size)
+    engine = Engine(runner, draft, limits)
+    return [engine.generate([r])[0] for r in requests], emulator
+
+
+def test_prefix_cache_on_the_engine_route_reuses_blocks_and_keeps_acceptance(loaded_tiny_pair):
+    """A chain of calls sharing a 40-token system prompt: with the prefix cache, each warm call's prefill skips the
+    cached prefix in the engine (KV block reuse under the shared salt) while the drafter reads its context from the
+    draft runner's block pool: tokens of AR, acceptance of the same call cold."""
+    pair = loaded_tiny_pair
+    system = list(range(30, 70))
+    requests = [Request(tuple(system + [5 + i, 9, 11 + i]), SamplingParams(0.0), StopCriteria(16)) for i in range(3)]
+    warm, emulator = _chain(pair, requests, 1 << 22)
+    cold = [_chain(pair, [r], 0)[0][0] for r in requests]
+    ar_runner, _ = _runner(pair)
+    ar = decode(ar_runner, None, requests, SLOTS)
+    assert [r.tokens for r in warm] == [r.tokens for r in cold] == [r.tokens for r in ar]
+    assert [r.acceptance_lengths for r in warm] == [r.acceptance_lengths for r in cold]
+    assert [r.cached_tokens for r in warm] == [0, 32, 32]
+    prefills = [i for i, tokens in enumerate(emulator.inputs) if list(tokens) in [list(r.prompt) for r in requests]]
+    assert [emulator.computed[i] for i in prefills] == [43, 11, 11]  # 32 cached rows reused by the engine
+
+
+def test_the_draft_graphs_keep_their_context_per_cached_block(loaded_tiny_pair, tmp_path):
+    """The same chain with the ONNX draft graphs (the runner a trtllm bundle drafts with): their context cache goes
+    to and from the block pool, warm calls draft as cold ones."""
+    pytest.importorskip("onnxruntime")
+    from dflash_trt.backends.trtllm.draft_runner import ort_draft_runner
+    from dflash_trt.backends.trtllm.onnx_export import export_draft_graphs, spec_for
+
+    pair, capacity = loaded_tiny_pair, MAX_SEQ + loaded_tiny_pair.draft.config.block_size + 1
+    export_draft_graphs(pair.draft, pair.target, spec_for(pair.draft, pair.target, pair.draft.config.block_size,
+                                                          capacity, SLOTS, "fp32"), tmp_path)
+    system = list(range(30, 70))
+    requests = [Request(tuple(system + [5 + i, 9, 11 + i]), SamplingParams(0.0), StopCriteria(16)) for i in range(3)]
+    graphs = lambda: ort_draft_runner(tmp_path, SLOTS)  # noqa: E731
+    warm, emulator = _chain(pair, requests, 1 << 22, graphs)
+    cold = [_chain(pair, [r], 0, graphs)[0][0] for r in requests]
+    assert [r.tokens for r in warm] == [r.tokens for r in cold]
+    assert [r.acceptance_lengths for r in warm] == [r.acceptance_lengths for r in cold]
+    assert [r.cached_tokens for r in warm] == [0, 32, 32] and sum(emulator.computed) < sum(map(len, emulator.inputs))
+
+
+def test_engine_kv_blocks_are_whole_prefix_cache_blocks():
+    """A warm prompt shares the engine's blocks only as far as the prefix cache restored the drafter's context:
+    with engine blocks a multiple of the cache's, what the engine can reuse is never past what the cache holds."""
+    from dflash_trt.backends.trtllm.target_build import TOKENS_PER_BLOCK
+    from dflash_trt.runtime.prefix_cache import BLOCK
+
+    assert TOKENS_PER_BLOCK % BLOCK == 0
+
+
+def test_a_repeated_call_shares_the_engine_blocks_without_losing_verify_rows(loaded_tiny_pair):
+    """The same call twice: the second's verify inputs meet the first's stored blocks past its block start; the
+    runner moves it to a salt of its own before the engine could reuse them (no refused step), same tokens."""
+    pair = loaded_tiny_pair
+    request = Request(tuple(range(30, 70)), SamplingParams(0.0), StopCriteria(24))
+    (first, second), emulator = _chain(pair, [request, request], 1 << 22)
+    assert first.tokens == second.tokens and second.cached_tokens == 32
+    assert len(set(emulator.salts)) == 2  # the shared salt, then the second call's own

@@ -24,6 +24,7 @@ import torch
 from dflash_trt.backends.trtllm.io_spec import DRAFT_VOCAB_FILE, DraftGraphSpec
 from dflash_trt.backends.trtllm.onnx_export import GRAPH_FILES, TORCH_DTYPES
 from dflash_trt.decoding.drafts import any_sampled, coupled_drafts
+from dflash_trt.model.kv_cache import BlockPool
 
 ENGINE_FILES = {"context": "draft_context.engine", "propose": "draft_propose.engine"}
 
@@ -89,6 +90,23 @@ class GraphDraftRunner:
 
     def commit(self, slots, lengths) -> None:
         self.lengths[slots.to(self.device)] = lengths.to(self.device, torch.int64)
+
+    # --- the prefix cache (runtime/prefix_cache.py): the drafter's context K/V of cached blocks, in a block pool
+    def prefix_block_bytes(self, block: int) -> int:
+        return BlockPool.bytes_per_block(self, block)
+
+    def enable_prefix_cache(self, n_blocks: int, block: int) -> None:
+        self.pool = BlockPool(self, n_blocks, block)
+
+    def save_prefix(self, slot: int, blocks: list[tuple[int, int]]) -> None:
+        self.pool.save(self, slot, blocks)
+
+    def load_prefix(self, slot: int, ids: list[int]) -> None:
+        self.pool.load(self, slot, ids)
+
+    def stored_length(self, slot: int) -> int:
+        """Positions 0 .. n-1 of the slot hold final context K/V (context is stored as it comes)."""
+        return int(self.lengths[slot])
 
 
 def ort_draft_runner(folder: str | Path, n_slots: int, threads: int = 1) -> GraphDraftRunner:

@@ -16,11 +16,18 @@ as `generation_<name>` only. So this runner reads
 - `generation_dflash_tail_logits`: the block logits, for sampled requests (engines built with
   runtime.sampled_requests), verified here by the same kernel (`dflash_trt.kernels.verify_block`).
 
-KV block reuse would hand a new sequence the blocks of an earlier one with the same prefix, leaving
-its prompt taps unwritten (uninitialised rows, right shape: acceptance collapses, output stays
-lossless). Each sequence therefore gets its own `cache_salt_id` (blocks are shared only between
-requests of equal salt: BlockKey in cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp@b35ac1b; Request
-binding, TensorRT-LLM >= 1.1): its verifies reuse its own history, nothing else does.
+KV block reuse hands a new sequence the blocks of an earlier one with the same prefix and leaves the reused
+rows of its taps unwritten (garbage rows of the right shape: the drafter's context would be wrong, acceptance
+would collapse, output would stay lossless). Blocks are shared only between requests of equal `cache_salt_id`
+(BlockKey in cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp@b35ac1b; Request binding, TensorRT-LLM >= 1.1),
+and the executor does not say how many rows it reused, so the runner keeps a mirror of the full blocks it has
+sent under the shared salt (`EngineBlocks`: an upper bound of what the engine can reuse, since it may evict but
+never holds a block not sent). A request uses the shared salt only when that bound stays within what it does not
+need from the engine: a prompt's positions the prefix cache restored into the drafter (`cached`), a verify's
+positions before its block. Otherwise the sequence takes a salt of its own (its later verifies reuse its own
+history). So with the prefix cache (runtime/prefix_cache.py: the drafter's context per cached block, kept by the
+draft runner) a prompt sharing a cached prefix skips its prefill in the engine and drafts from the full context;
+without it every sequence keeps to itself.
 
 The runner keeps each slot's committed token ids; `commit(slots, lengths)` truncates them, so a
 rewind is a length change as in the torch runner. tensorrt_llm is imported in `open` only.
@@ -38,12 +45,49 @@ import torch
 
 from dflash_trt.backends.trtllm import versions
 from dflash_trt.backends.trtllm.io_spec import ENGINE_CONFIG_FILE
+from dflash_trt.backends.trtllm.target_build import TOKENS_PER_BLOCK
 from dflash_trt.decoding.batch import pad_prompts
 from dflash_trt.decoding.verify import accept_length
 from dflash_trt.errors import CheckpointError, MissingDependencyError
 from dflash_trt.kernels import sample_tokens
 
 TAPS, ACCEPT, TAIL_LOGITS = "dflash_taps", "dflash_accept", "dflash_tail_logits"
+MIRROR_BLOCKS = 1 << 20  # shared blocks the mirror tracks before the shared salt moves on (~100 MB of keys)
+
+
+class EngineBlocks:
+    """The full KV blocks sent to the engine under the shared salt, as chained keys (a block's key hashes its tokens
+    with its parent's key, as the engine's BlockKey chains them). `reusable` bounds what the engine can reuse for a
+    request; at MIRROR_BLOCKS the salt moves on (blocks under a retired one can no longer be reused by a request
+    of the new one, so forgetting them is safe; sequences still on a retired salt move to their own)."""
+
+    def __init__(self, tokens_per_block: int, first_salt: int, next_salt):
+        self.size, self.next_salt = tokens_per_block, next_salt
+        self.salt, self.keys, self.retired = first_salt, set(), set()
+
+    def move_on_if_full(self) -> None:
+        if len(self.keys) > MIRROR_BLOCKS:
+            self.retired.add(self.salt)
+            self.salt, self.keys = next(self.next_salt), set()
+
+    def _chain(self, tokens: list[int], limit: int):
+        key = None
+        for end in range(self.size, limit + 1, self.size):
+            key = hash((key, tuple(tokens[end - self.size: end])))
+            yield end, key
+
+    def reusable(self, tokens: list[int]) -> int:
+        """Tokens the engine may reuse for `tokens` under the shared salt (at least the last one is computed)."""
+        reused = 0
+        for end, key in self._chain(tokens, len(tokens) - 1):
+            if key not in self.keys:
+                break
+            reused = end
+        return reused
+
+    def sent(self, tokens: list[int]) -> None:
+        """A request under the shared salt: the engine stores each full block of it."""
+        self.keys.update(key for _, key in self._chain(tokens, len(tokens)))
 
 
 def parse_accept(row: torch.Tensor, num_drafts: int) -> tuple[int, int, list[int]]:
@@ -89,8 +133,10 @@ class TrtllmTargetRunner:
         self.device = torch.device(device)
         self.history: list[list[int]] = [[] for _ in range(n_slots)]  # committed ids per slot
         self.pending: list[list[int] | None] = [None] * n_slots  # last verify input, until commit
-        self.salts = [0] * n_slots  # cache_salt_id of the sequence in each slot
+        self.salts = [0] * n_slots  # cache_salt_id of the sequence in each slot (the shared one, or its own)
         self._salt = itertools.count(secrets.randbits(48) << 8)  # unique per sequence in this process
+        self.shared = EngineBlocks(int(settings.get("tokens_per_block", TOKENS_PER_BLOCK)), next(self._salt),
+                                   self._salt)
 
     @classmethod
     def open(cls, engine_dir: str | Path, settings: dict, n_slots: int,
@@ -125,6 +171,19 @@ class TrtllmTargetRunner:
                 f"this TensorRT-LLM's executor Request has no cache_salt_id ({exc}); the trtllm runner needs "
                 f"tensorrt-llm=={versions.TRTLLM_ENGINE_VERSION} (KV-cache salting, 1.1+)") from None
 
+    def _salt_for(self, slot: int, tokens: list[int], need_from: int, fresh: bool = False) -> int:
+        """The salt of the slot's request for `tokens`: the shared one while the engine cannot reuse past
+        `need_from` (the first position whose engine output the runner needs) under it, else the sequence's own."""
+        self.shared.move_on_if_full()
+        if fresh:
+            self.salts[slot] = self.shared.salt
+        retired = self.salts[slot] in self.shared.retired
+        if retired or (self.salts[slot] == self.shared.salt and self.shared.reusable(tokens) > need_from):
+            self.salts[slot] = next(self._salt)
+        if self.salts[slot] == self.shared.salt:
+            self.shared.sent(tokens)
+        return self.salts[slot]
+
     def _run(self, inputs: list[list[int]], names: list[list[str]], salts: list[int]) -> list[dict]:
         """One request per input; their additional outputs by result name, in input order."""
         ids = self.executor.enqueue_requests([self._request(t, n, s) for t, n, s in zip(inputs, names, salts)])
@@ -156,18 +215,21 @@ class TrtllmTargetRunner:
 
     # --- the contract -------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, slots, prompts, sampling):
+    def prefill(self, slots, prompts, sampling, cached: list[int] | None = None):
+        """As the torch runner's: `cached` are each row's first positions whose drafter context the prefix cache
+        restored; the taps and positions returned are the rest's."""
         temperature = sampling[0]
         sampled = [bool(t > 0) for t in temperature.tolist()]
-        for slot in slots.tolist():
-            self.salts[slot] = next(self._salt)  # a new sequence: no blocks of anyone else's
-        results = self._run([list(p) for p in prompts], [self._names(s) for s in sampled],
-                            [self.salts[s] for s in slots.tolist()])
-        _, positions, lengths = pad_prompts(prompts, self.device)
+        cached = cached or [0] * len(prompts)
+        salts = [self._salt_for(slot, list(p), c, fresh=True) for slot, p, c in zip(slots.tolist(), prompts, cached)]
+        results = self._run([list(p) for p in prompts], [self._names(s) for s in sampled], salts)
+        _, positions, rest = pad_prompts([p[c:] for p, c in zip(prompts, cached)], self.device)
+        offsets = torch.tensor(cached, dtype=torch.int64, device=self.device)
+        positions, lengths = positions + offsets[:, None], rest + offsets
         taps = torch.zeros(len(prompts), positions.shape[1], self.tap_width, device=self.device)
         first = torch.zeros(len(prompts), dtype=torch.int64, device=self.device)
-        for b, (slot, prompt, out) in enumerate(zip(slots.tolist(), prompts, results)):
-            taps[b, : len(prompt)] = self._taps(out, len(prompt)).to(taps.dtype)
+        for b, (slot, prompt, c, out) in enumerate(zip(slots.tolist(), prompts, cached, results)):
+            taps[b, : len(prompt) - c] = self._taps(out, len(prompt))[c:].to(taps.dtype)
             first[b] = self._accept(out)[2][-1]
             self.history[slot], self.pending[slot] = list(prompt), None
         if any(sampled):
@@ -182,7 +244,8 @@ class TrtllmTargetRunner:
         width, sampled = blocks.shape[1], [bool(t > 0) for t in sampling[0].tolist()]
         inputs = [block_input(self.history[s], p, row) for s, p, row in
                   zip(slots.tolist(), start.tolist(), blocks.tolist())]
-        results = self._run(inputs, [self._names(s) for s in sampled], [self.salts[s] for s in slots.tolist()])
+        salts = [self._salt_for(s, tokens, p) for s, tokens, p in zip(slots.tolist(), inputs, start.tolist())]
+        results = self._run(inputs, [self._names(s) for s in sampled], salts)
         tokens = torch.zeros(blocks.shape, dtype=torch.int64, device=self.device)
         taps = torch.zeros(blocks.shape[0], width, self.tap_width, device=self.device)
         for b, (slot, first, out) in enumerate(zip(slots.tolist(), start.tolist(), results)):
@@ -205,6 +268,20 @@ class TrtllmTargetRunner:
         for slot, length in zip(slots.tolist(), lengths.tolist()):
             source = self.pending[slot] if self.pending[slot] is not None else self.history[slot]
             self.history[slot], self.pending[slot] = source[:length], None
+
+    # --- the prefix cache (runtime/prefix_cache.py): the engine keeps the target's K/V of a cached prefix itself
+    # (KV block reuse); the draft runner keeps the drafter's context, and `prefill` takes what it restored
+    def prefix_block_bytes(self, block: int) -> int:
+        return 0
+
+    def enable_prefix_cache(self, n_blocks: int, block: int) -> None:
+        pass
+
+    def save_prefix(self, slot: int, blocks: list[tuple[int, int]]) -> None:
+        pass
+
+    def load_prefix(self, slot: int, ids: list[int]) -> None:
+        pass
 
     def shutdown(self) -> None:
         self.executor.shutdown()

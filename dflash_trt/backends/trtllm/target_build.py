@@ -90,6 +90,7 @@ def target_settings(family: str, draft: DraftGraphSpec, target_num_layers: int, 
         "mask_token_id": draft.mask_token_id,
         "dtype": TRT_DTYPES[dtype],
         "sampled": sampled,  # the engine also emits dflash_tail_logits (runtime.sampled_requests)
+        "tokens_per_block": TOKENS_PER_BLOCK,  # its KV blocks: the runner mirrors which ones the engine may reuse
         "plugin_library": f"../plugin/{LIBRARY_NAME}",  # relative to this file's folder
         "plugin": {"name": DFLASH_VERIFY.name, "version": DFLASH_VERIFY.version,
                    "namespace": DFLASH_VERIFY.namespace},
