@@ -114,5 +114,8 @@ def front(served):
 def pytest_configure(config):
     import torch
 
-    # Many small ops: one intra-op thread avoids OpenMP oversubscription on the 2-core CI machine.
-    torch.set_num_threads(1)
+    from dflash_trt.model.loader import cpu_threads
+
+    # Many small ops: one intra-op thread (the default) avoids OpenMP oversubscription on the 2-core CI machine;
+    # DFLASH_TRT_CPU_THREADS=2 runs the suite as CPU decoding with two threads runs (torch and the C++ passes).
+    torch.set_num_threads(cpu_threads())

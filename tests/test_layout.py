@@ -191,4 +191,5 @@ def test_wheel_carries_the_model_repository_templates(tmp_path):
     assert "dflash_trt/triton_model_repo/README.md" in names
     assert "dflash_trt/triton/python_model.py" in names and "dflash_trt/cli/__init__.py" in names
     assert "dflash_trt/backends/cpu/cpu_kernels/decoder_layer.cpp" in names
+    assert "dflash_trt/backends/cpu/cpu_kernels/thread_pool.h" in names
     assert not any(n.startswith("triton_model_repo/") for n in names)

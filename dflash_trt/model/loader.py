@@ -72,9 +72,10 @@ class LoadedPair:
 
 
 def cpu_threads() -> int:
-    """Intra-op threads for CPU decoding: DFLASH_TRT_CPU_THREADS, default 1. Decode steps are many small
-    ops; with several OpenMP threads on a small shared machine, barrier waits make each op many times
-    slower whenever another process is busy. One thread is predictable; raise it on an idle many-core host."""
+    """Threads for CPU decoding: DFLASH_TRT_CPU_THREADS, default 1; torch's intra-op threads
+    (`resolve_device`) and the C++ passes' pool (backends/cpu/ops.py `follow_torch_threads`). Decode steps
+    are many small torch ops, which stall on a shared machine with several OpenMP threads whenever another
+    process is busy; the C++ passes split their weight streams and gain from a second core that is free."""
     return max(1, int(os.environ.get("DFLASH_TRT_CPU_THREADS", "1")))
 
 

@@ -218,6 +218,7 @@ class _LayerCall:
         self.args = (x.data_ptr(), n, self.q_rows, None if context is None else context.data_ptr(),
                      None if context_counts is None else context_counts.data_ptr(), cos.data_ptr(), sin.data_ptr())
         self.tail = (slots.data_ptr(), starts.data_ptr(), cache.k.shape[3], int(causal))  # the position stride
+        ops.follow_torch_threads(ops.library())
 
     def __call__(self, i: int, lo: int, hi: int, write_kv: bool) -> None:
         lib, offset = ops.library(), i * self.layer_bytes
@@ -289,7 +290,9 @@ class DraftStep:
         last_rows = ctypes.c_int32(0)
         floor = math.log(min_confidence) if min_confidence > 0.0 else -math.inf
         rule = None if sampling is None else ctypes.byref(ops.sampling_args(sampling, start + 1, self.keep[-1]))
-        kept = ops.library().dfl_draft_step(
+        lib = ops.library()
+        ops.follow_torch_threads(lib)
+        kept = lib.dfl_draft_step(
             self.pointer, block.data_ptr(), width, None if target_hidden is None else target_hidden.data_ptr(), n,
             cos.data_ptr(), sin.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(), cache.k[0].numel(), slot, start,
             cache.k.shape[3], floor, rule, drafts.data_ptr(), ctypes.byref(last_rows))

@@ -1,16 +1,18 @@
-"""The C++ CPU library (cpu_kernels/decoder_layer.cpp): how it is built and loaded, and its
-row-independent operations — RMSNorm, the small-row projection, packed panels and the greedy heads.
+"""The C++ CPU library (cpu_kernels/decoder_layer.cpp): how it is built and loaded, its thread count
+(`follow_torch_threads`), and its row-independent operations — RMSNorm, the small-row projection, packed
+panels and the greedy heads.
 
-Every op here computes each output row with the same instruction sequence whatever the row count,
-so a verify row equals a one-token decode row bit for bit. Ops return None (or the caller checks
-`*_ready`) when they do not apply: non-fp32 or non-CPU tensors, autograd or graph recording (`eager`),
-or no library. `DFLASH_TRT_CPU_LAYERS=0` turns the library off; without a C++ compiler it is off
+Every op here computes each output row with the same instruction sequence whatever the row count or
+thread count, so a verify row equals a one-token decode row bit for bit. Ops return None (or the caller
+checks `*_ready`) when they do not apply: non-fp32 or non-CPU tensors, autograd or graph recording
+(`eager`), or no library. `DFLASH_TRT_CPU_LAYERS=0` turns the library off; without a C++ compiler it is off
 with one warning. It is built with g++ -O3 -march=native on first use (a few seconds) and cached
 (host_build.py). The decoder layers that use it are in layers.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import math
@@ -23,11 +25,12 @@ from torch import nn
 
 from dflash_trt import host_build
 from dflash_trt.errors import MissingDependencyError
+from dflash_trt.model.loader import cpu_threads
 
 ENV = "DFLASH_TRT_CPU_LAYERS"
 
 SOURCE_DIR = Path(__file__).resolve().parent / "cpu_kernels"
-FLAGS = ("-std=c++17", "-shared", "-fPIC", "-O3", "-march=native", "-Wall", "-Wextra", "-Werror")
+FLAGS = ("-std=c++17", "-shared", "-fPIC", "-O3", "-march=native", "-pthread", "-Wall", "-Wextra", "-Werror")
 PORTABLE_FLAGS = tuple(f for f in FLAGS if f != "-march=native")  # no AVX2 / FMA: the plain C++ loops
 
 _p, _i32 = ctypes.c_void_p, ctypes.c_int32
@@ -73,13 +76,16 @@ _SIGNATURES = {  # name: (restype, argtypes)
                               ctypes.c_float, ctypes.POINTER(SamplingArgs), _p, _p]),
     "dfl_sampled_trust": (None, [_p, _i32, _i32, _p, _p, _p]),
     "dfl_sampled_verify": (_i32, [_p, _i32, _i32, _p, _i32, _p, _i32, ctypes.POINTER(SamplingArgs), _p]),
+    "dfl_set_threads": (None, [_i32]),
+    "dfl_threads": (_i32, []),
+    "dfl_pool_jobs": (_i64, []),
 }
 
 
 def build_library(flags: tuple[str, ...] = FLAGS, cpu_specific: bool = True) -> ctypes.CDLL:
     """Compile (or reuse the cached build of) decoder_layer.cpp with `flags` and load it."""
-    spec = host_build.HostLibrary("libdflash_cpu_layer.so", "decoder_layer.cpp", ("decoder_layer.cpp",), flags,
-                                  root=SOURCE_DIR, cpu_specific=cpu_specific)
+    spec = host_build.HostLibrary("libdflash_cpu_layer.so", "decoder_layer.cpp", ("decoder_layer.cpp", "thread_pool.h"),
+                                  flags, root=SOURCE_DIR, cpu_specific=cpu_specific)
     return host_build.load(spec, _SIGNATURES)
 
 
@@ -89,10 +95,39 @@ def library() -> ctypes.CDLL | None:
     if os.environ.get(ENV, "1") == "0":
         return None
     try:
-        return build_library()
+        lib = build_library()
     except (MissingDependencyError, RuntimeError, OSError) as e:
         warnings.warn(f"C++ CPU decoder layer unavailable, using the torch path: {e}", stacklevel=2)
         return None
+    follow_torch_threads(lib)
+    return lib
+
+
+_followed_torch_threads = 0  # torch.get_num_threads() when the library's thread count was last set
+
+
+def follow_torch_threads(lib: ctypes.CDLL) -> None:
+    """Give the library min(DFLASH_TRT_CPU_THREADS, torch's intra-op threads) threads when torch's count has
+    changed since the last call (one cheap read: every pass calls this). The runtime sets torch's count from
+    the variable (model/loader.py `resolve_device`) and TP ranks set it to 1, so the C++ passes follow both."""
+    global _followed_torch_threads
+    n = torch.get_num_threads()
+    if n != _followed_torch_threads:
+        _followed_torch_threads = n
+        lib.dfl_set_threads(min(cpu_threads(), n))
+
+
+@contextlib.contextmanager
+def threads(n: int):
+    """The library at `n` threads inside (more than the cores too: tests split work unevenly with it), then
+    back to what it had. Results are the same bits at any count."""
+    lib = library()
+    before = lib.dfl_threads()
+    lib.dfl_set_threads(n)
+    try:
+        yield
+    finally:
+        lib.dfl_set_threads(before)
 
 
 def eager() -> bool:

@@ -1,7 +1,7 @@
-// The CPU runtime's inference passes in C++ (fp32, Qwen3 / Llama 3.x shapes, one core): a whole
-// decoder layer per call for one or several sequences, the greedy heads (lazy verify, confident
-// drafts), RMSNorm and the projections they share. Built and loaded with ctypes by
-// dflash_trt/backends/cpu/ops.py; backends/cpu/layers.py decides when a pass can use it.
+// The CPU runtime's inference passes in C++ (fp32, Qwen3 / Llama 3.x shapes): a whole decoder layer
+// per call for one or several sequences, the greedy heads (lazy verify, confident drafts), RMSNorm
+// and the projections they share. Built and loaded with ctypes by dflash_trt/backends/cpu/ops.py;
+// backends/cpu/layers.py decides when a pass can use it.
 //
 // Why: at decode sizes (1..16 rows) an eager PyTorch layer is dozens of small ops, each paying its
 // dispatch, plus MKL's small-matrix setup per projection, and that overhead rather than the arithmetic
@@ -10,6 +10,12 @@
 // Row independence (the lossless property this file keeps): every output element of every row is
 // computed by the same instruction sequence whatever the number of rows in the call, so a verify
 // pass over a block gives bit-identical hidden states to decoding the same tokens one at a time.
+//
+// Threads (dfl_set_threads; one by default): the projections and heads split into chunks of weight
+// panels and attention into (sequence, K/V head) tasks, shared out between the calling thread and a
+// small persistent pool (thread_pool.h). An output element is computed inside one chunk by the instruction sequence
+// of the one-thread code, and reductions over a row (argmax, softmax sums, the draft cut) stay after
+// the split in their one-thread order, so every thread count gives the same bits.
 //
 // Layout (all row-major, contiguous, fp32), per sequence (a call may carry several, see below):
 //   x      [Q, H]            block rows: the residual stream, updated in place
@@ -22,7 +28,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
+
+#include "thread_pool.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -49,7 +58,17 @@ struct DflLayerWeights {  // pointers stay owned by the Python module (layers.La
 
 }  // extern "C"
 
+// ---- threads: which work is split (the pool itself: thread_pool.h) ---------------------------------
+
 namespace {
+
+// Work below this many multiply-adds (~ a 32 KB weight slice at one row: a few microseconds) runs on
+// the calling thread: handing it out would cost a good part of what a second thread saves.
+constexpr long MIN_PARALLEL_MACS = 16384;
+
+bool parallel_worth(long macs, int chunks) {
+  return chunks > 1 && macs >= MIN_PARALLEL_MACS && pool_threads.load(std::memory_order_relaxed) > 1;
+}
 
 // dot_rows<R>: out[r] = w . x_r for R rows x_r = x + r * ldx (length n each). Each row's sum has
 // one fixed shape, whatever R: two 8-lane accumulators over 16-float chunks, one more 8-float chunk
@@ -263,15 +282,18 @@ void panel_span(const float* x, int k, const W* panels, int p_begin, int p_end, 
 }
 
 // out [rows, n] = x [rows, k] @ w^T with w packed by pack_panels, for panels p_first .. p_last-1
-// (output columns 8 p_first .. min(8 p_last, n) - 1; other columns are not written). Six panels at a
-// time across all rows, so each weight is streamed from memory once per call and re-read from L1 / L2
-// by the other row groups; rows in groups of 4, the last group 3..6 rows (never a 1- or 2-row tile
-// after 4s). A column's chains are the same whichever range or rows share the call.
+// (output columns 8 p_first .. min(8 p_last, n) - 1; other columns are not written). PANEL_BLOCK panels
+// at a time across all rows, so each weight is streamed from memory once per call and re-read from L1 /
+// L2 by the other row groups; rows in groups of 4, the last group 3..6 rows (never a 1- or 2-row tile
+// after 4s). A column's chains are the same whichever range or rows share the call. One thread; the
+// callers below split a range between threads (split_panel_range).
+constexpr int PANEL_BLOCK = 6;
+
 template <typename W>
 void matmul_panel_range(const float* x, int rows, int k, const W* panels, int n, int p_first, int p_last,
                         float* out) {
-  for (int pb = p_first; pb < p_last; pb += 6) {
-    const int pe = pb + 6 < p_last ? pb + 6 : p_last;
+  for (int pb = p_first; pb < p_last; pb += PANEL_BLOCK) {
+    const int pe = pb + PANEL_BLOCK < p_last ? pb + PANEL_BLOCK : p_last;
     for (int t = 0; t < rows;) {
       // up to 8 rows: one group (a second group would re-read the block from L2 while no weight streams
       // in from memory); more: 4s while more than 6 remain, then all of them
@@ -293,20 +315,37 @@ void matmul_panel_range(const float* x, int rows, int k, const W* panels, int n,
   }
 }
 
+// matmul_panel_range over the pool's threads when the range is worth splitting: chunk c is the block
+// of PANEL_BLOCK panels that the one-thread loop runs c-th, with the same row groups and tiles, so each
+// output is the same chain whichever thread computes it.
+template <typename W>
+void split_panel_range(const float* x, int rows, int k, const W* panels, int n, int p_first, int p_last,
+                       float* out) {
+  const int chunks = (p_last - p_first + PANEL_BLOCK - 1) / PANEL_BLOCK;
+  if (!parallel_worth(static_cast<long>(p_last - p_first) * 8 * k * rows, chunks)) {
+    matmul_panel_range(x, rows, k, panels, n, p_first, p_last, out);
+    return;
+  }
+  parallel_for(chunks, [&](int c) {
+    const int pb = p_first + c * PANEL_BLOCK;
+    matmul_panel_range(x, rows, k, panels, n, pb, pb + PANEL_BLOCK < p_last ? pb + PANEL_BLOCK : p_last, out);
+  });
+}
+
 template <typename W>
 void matmul_panels(const float* x, int rows, int k, const W* panels, int n, float* out) {
-  matmul_panel_range(x, rows, k, panels, n, 0, (n + 7) / 8, out);
+  split_panel_range(x, rows, k, panels, n, 0, (n + 7) / 8, out);
 }
 
 // A layer projection's panels in its format (DflLayerWeights::weight_format).
 void layer_panel_range(const DflLayerWeights* w, const void* panels, const float* x, int rows, int k, int n,
                        int p_first, int p_last, float* out) {
   if (w->weight_format == 1)
-    matmul_panel_range(x, rows, k, static_cast<const uint16_t*>(panels), n, p_first, p_last, out);
+    split_panel_range(x, rows, k, static_cast<const uint16_t*>(panels), n, p_first, p_last, out);
   else if (w->weight_format == 2)
-    matmul_panel_range(x, rows, k, static_cast<const Half*>(panels), n, p_first, p_last, out);
+    split_panel_range(x, rows, k, static_cast<const Half*>(panels), n, p_first, p_last, out);
   else
-    matmul_panel_range(x, rows, k, static_cast<const float*>(panels), n, p_first, p_last, out);
+    split_panel_range(x, rows, k, static_cast<const float*>(panels), n, p_first, p_last, out);
 }
 
 void layer_panels(const DflLayerWeights* w, const void* panels, const float* x, int rows, int k, int n, float* out) {
@@ -535,6 +574,10 @@ void attend(const float* queries, const int* n_keys, int m_count, const float* k
   }
 }
 
+// n floats left uninitialized: each layer buffer is written before it is read, and zeroing them is serial
+// time that the other threads would wait through.
+std::unique_ptr<float[]> uninitialized(size_t n) { return std::unique_ptr<float[]>(new float[n]); }
+
 // In place over n values of gate g and up u: g = silu(g) * u = g / (1 + exp(-g)) * u.
 void silu_mul(float* g, const float* u, int n) {
   std::vector<float> e(static_cast<size_t>((n + 7) & ~7));
@@ -547,6 +590,17 @@ void silu_mul(float* g, const float* u, int n) {
 }  // namespace
 
 extern "C" {
+
+// Threads for every later call (n < 1 counts as 1): the caller plus n - 1 workers, started here and
+// kept; 1 stops them and runs everything on the calling thread. Results are the same bits for any n.
+void dfl_set_threads(int32_t n) { set_pool_threads(n); }
+
+// The thread count dfl_set_threads last set (1 in a forked child).
+int32_t dfl_threads() { return pool_threads.load(); }
+
+// How many jobs (a projection's panel chunks, a layer's attention heads) have been split between
+// threads so far: work under the split threshold, or arriving while the pool is busy, runs alone.
+int64_t dfl_pool_jobs() { return pool_jobs.load(); }
 
 // out [rows, n] = x [rows, k] @ w[n, k]^T (the projection the layer uses; also the lm_head / fc).
 void dfl_matmul_nt(const float* x, int32_t rows, int32_t k, const float* w, int32_t n, float* out) {
@@ -602,7 +656,7 @@ int32_t dfl_decoder_layer_rows(const DflLayerWeights* w, float* x, int32_t n_seq
 
   // 1) input norm (block rows only; context rows are already features) and the q/k/v projection:
   // K/V columns of every row when writing K/V, q columns of the query rows
-  std::vector<float> h(static_cast<size_t>(rows) * H), qkv(static_cast<size_t>(rows) * QKV);
+  auto h = uninitialized(static_cast<size_t>(rows) * H), qkv = uninitialized(static_cast<size_t>(rows) * QKV);
   for (int b = 0; b < n_seqs; ++b) {
     const int c = first_ctx[b + 1] - first_ctx[b];
     for (int r = 0; write_kv && r < c; ++r)
@@ -610,16 +664,16 @@ int32_t dfl_decoder_layer_rows(const DflLayerWeights* w, float* x, int32_t n_seq
         h[static_cast<size_t>(first_row[b] + r) * H + i] = ctx[static_cast<size_t>(first_ctx[b] + r) * H + i];
     for (int t = write_kv ? 0 : q_begin; t < (write_kv ? q_rows : q_end); ++t)
       rms_norm(x + static_cast<size_t>(b * q_rows + t) * H, w->input_norm, H, w->eps,
-               h.data() + static_cast<size_t>(first_row[b] + c + t) * H);
+               h.get() + static_cast<size_t>(first_row[b] + c + t) * H);
   }
   const int q_panels = NH * D / 8, all_panels = (QKV + 7) / 8;
   if (whole) {
-    layer_panels(w, w->qkv, h.data(), rows, H, QKV, qkv.data());
+    layer_panels(w, w->qkv, h.get(), rows, H, QKV, qkv.get());
   } else {
-    if (write_kv) layer_panel_range(w, w->qkv, h.data(), rows, H, QKV, q_panels, all_panels, qkv.data());
+    if (write_kv) layer_panel_range(w, w->qkv, h.get(), rows, H, QKV, q_panels, all_panels, qkv.get());
     for (int b = 0; b < n_seqs; ++b) {
       const size_t r0 = static_cast<size_t>(first_row[b] + first_ctx[b + 1] - first_ctx[b] + q_begin);
-      layer_panel_range(w, w->qkv, h.data() + r0 * H, qn, H, QKV, 0, q_panels, qkv.data() + r0 * QKV);
+      layer_panel_range(w, w->qkv, h.get() + r0 * H, qn, H, QKV, 0, q_panels, qkv.get() + r0 * QKV);
     }
   }
 
@@ -632,7 +686,7 @@ int32_t dfl_decoder_layer_rows(const DflLayerWeights* w, float* x, int32_t n_seq
       const bool query = local >= c_rows + q_begin && local < c_rows + q_end;  // context rows need no query
       if (!query && !write_kv) continue;
       const int r = first_row[b] + local;
-      float* row = qkv.data() + static_cast<size_t>(r) * QKV;
+      float* row = qkv.get() + static_cast<size_t>(r) * QKV;
       const float* cs = cos + static_cast<size_t>(r) * D;
       const float* sn = sin + static_cast<size_t>(r) * D;
       for (int head = (query ? 0 : NH); head < (write_kv ? NH + NKV : NH); ++head) {
@@ -655,44 +709,61 @@ int32_t dfl_decoder_layer_rows(const DflLayerWeights* w, float* x, int32_t n_seq
   // 3) attention of the query rows (per sequence and K/V head), then o_proj and the residual;
   // queries grouped by the K/V head they read (GQA): row t, head kv*group+j -> slot t*group+j
   const int stride = (longest + 7) & ~7, m_count = qn * group;
-  std::vector<float> attn(static_cast<size_t>(q_total) * NH * D), out(static_cast<size_t>(q_total) * H);
-  std::vector<float> queries(static_cast<size_t>(m_count) * D), heads_out(static_cast<size_t>(m_count) * D);
-  std::vector<float> scores(static_cast<size_t>(m_count) * stride);
-  std::vector<int> n_keys(m_count);
+  auto attn = uninitialized(static_cast<size_t>(q_total) * NH * D);
+  auto out = uninitialized(static_cast<size_t>(q_total) * H);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  for (int b = 0; b < n_seqs; ++b) {
+  // task b * NKV + kv: sequence b's queries of K/V head kv (scratch: queries, heads_out [m_count, D],
+  // scores [m_count, stride], n_keys [m_count]); each writes its own part of attn
+  auto attend_kv_head = [&](int task, float* queries, float* heads_out, float* scores, int* n_keys) {
+    const int b = task / NKV, kv = task % NKV;
     const int c_rows = first_ctx[b + 1] - first_ctx[b], start = static_cast<int>(starts[b]);
-    for (int kv = 0; kv < NKV; ++kv) {
-      for (int t = 0; t < qn; ++t)
-        for (int j = 0; j < group; ++j) {
-          const float* q = qkv.data() + static_cast<size_t>(first_row[b] + c_rows + q_begin + t) * QKV + (kv * group + j) * D;
-          for (int i = 0; i < D; ++i) queries[(static_cast<size_t>(t) * group + j) * D + i] = q[i];
-          n_keys[t * group + j] = causal ? start + c_rows + q_begin + t + 1 : start + c_rows + q_rows;
-        }
-      const size_t base = slots[b] * slot_size + static_cast<size_t>(kv) * capacity * D;
-      attend(queries.data(), n_keys.data(), m_count, k_layer + base, v_layer + base, D, scale, scores.data(), stride,
-             heads_out.data());
-      for (int t = 0; t < qn; ++t)
-        for (int j = 0; j < group; ++j)
-          for (int i = 0; i < D; ++i)
-            attn[(static_cast<size_t>(b * qn + t) * NH + kv * group + j) * D + i] =
-                heads_out[(static_cast<size_t>(t) * group + j) * D + i];
-    }
+    for (int t = 0; t < qn; ++t)
+      for (int j = 0; j < group; ++j) {
+        const float* q =
+            qkv.get() + static_cast<size_t>(first_row[b] + c_rows + q_begin + t) * QKV + (kv * group + j) * D;
+        for (int i = 0; i < D; ++i) queries[(static_cast<size_t>(t) * group + j) * D + i] = q[i];
+        n_keys[t * group + j] = causal ? start + c_rows + q_begin + t + 1 : start + c_rows + q_rows;
+      }
+    const size_t base = slots[b] * slot_size + static_cast<size_t>(kv) * capacity * D;
+    attend(queries, n_keys, m_count, k_layer + base, v_layer + base, D, scale, scores, stride, heads_out);
+    for (int t = 0; t < qn; ++t)
+      for (int j = 0; j < group; ++j)
+        for (int i = 0; i < D; ++i)
+          attn[(static_cast<size_t>(b * qn + t) * NH + kv * group + j) * D + i] =
+              heads_out[(static_cast<size_t>(t) * group + j) * D + i];
+  };
+  const int tasks = n_seqs * NKV;
+  const size_t head_floats = static_cast<size_t>(m_count) * D, score_floats = static_cast<size_t>(m_count) * stride;
+  if (parallel_worth(2L * tasks * m_count * longest * D, tasks)) {
+    parallel_for(tasks, [&](int task) {  // scratch of its own: tasks run on any thread
+      auto scratch = uninitialized(2 * head_floats + score_floats);
+      std::vector<int> n_keys(m_count);
+      attend_kv_head(task, scratch.get(), scratch.get() + head_floats, scratch.get() + 2 * head_floats,
+                     n_keys.data());
+    });
+  } else {
+    auto queries = uninitialized(head_floats), heads_out = uninitialized(head_floats);
+    auto scores = uninitialized(score_floats);
+    std::vector<int> n_keys(m_count);
+    for (int task = 0; task < tasks; ++task)
+      attend_kv_head(task, queries.get(), heads_out.get(), scores.get(), n_keys.data());
   }
-  layer_panels(w, w->o_proj, attn.data(), q_total, NH * D, H, out.data());
+  layer_panels(w, w->o_proj, attn.get(), q_total, NH * D, H, out.get());
   for (int t = 0; t < q_total; ++t)
     for (int i = 0; i < H; ++i) x_row(t)[i] += out[static_cast<size_t>(t) * H + i];
 
   // 4) post-attention norm, SwiGLU MLP, residual
-  std::vector<float> gate_up(static_cast<size_t>(q_total) * 2 * I), act(static_cast<size_t>(q_total) * I);
-  for (int t = 0; t < q_total; ++t) rms_norm(x_row(t), w->post_norm, H, w->eps, h.data() + static_cast<size_t>(t) * H);
-  layer_panels(w, w->gate_up, h.data(), q_total, H, 2 * I, gate_up.data());
+  auto gate_up = uninitialized(static_cast<size_t>(q_total) * 2 * I);
+  auto act = uninitialized(static_cast<size_t>(q_total) * I);
+  for (int t = 0; t < q_total; ++t)
+    rms_norm(x_row(t), w->post_norm, H, w->eps, h.get() + static_cast<size_t>(t) * H);
+  layer_panels(w, w->gate_up, h.get(), q_total, H, 2 * I, gate_up.get());
   for (int t = 0; t < q_total; ++t) {
-    float* g = gate_up.data() + static_cast<size_t>(t) * 2 * I;
+    float* g = gate_up.get() + static_cast<size_t>(t) * 2 * I;
     silu_mul(g, g + I, I);
     for (int i = 0; i < I; ++i) act[static_cast<size_t>(t) * I + i] = g[i];
   }
-  layer_panels(w, w->down, act.data(), q_total, I, H, out.data());
+  layer_panels(w, w->down, act.get(), q_total, I, H, out.get());
   for (int t = 0; t < q_total; ++t)
     for (int i = 0; i < H; ++i) x_row(t)[i] += out[static_cast<size_t>(t) * H + i];
   return 0;
