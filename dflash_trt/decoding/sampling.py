@@ -275,6 +275,12 @@ def perturbed_argmax(scores: torch.Tensor, keep: torch.Tensor, seed: torch.Tenso
     return perturbed.argmax(dim=-1)
 
 
+def some_row_samples(temperature: torch.Tensor, known: bool | None = None) -> bool:
+    """Whether some row has T > 0: `known` when the caller holds it on the host (on a GPU, reading `temperature`
+    back is a sync), else read from `temperature`."""
+    return known if known is not None else bool((temperature > 0).any())
+
+
 def params_tensors(params: list[SamplingParams], device: torch.device | str = "cpu"):
     """Stack per-request params into the [N] tensors `sample_tokens` takes."""
     return (

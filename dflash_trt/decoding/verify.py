@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash_trt.decoding.sampling import canonical_logits, sample_tokens
+from dflash_trt.decoding.sampling import canonical_logits, sample_tokens, some_row_samples
 
 
 def accept_length(drafts: torch.Tensor, target_tokens: torch.Tensor) -> torch.Tensor:
@@ -33,7 +33,7 @@ def verify_block(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Target tokens [B, K+1] (row i is the token at position start+i+1) and accepted a [B]."""
     b, width, vocab = logits.shape
-    if not (sampled if sampled is not None else bool((temperature > 0).any())):
+    if not some_row_samples(temperature, sampled):
         # all greedy: the rule is a plain argmax (NaN counts as -inf)
         tokens = canonical_logits(logits).argmax(dim=-1)
         return tokens, accept_length(drafts, tokens)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from dflash_trt.decoding import sampling as sampling_rule
 from dflash_trt.decoding import verify as reference
 from dflash_trt.errors import ConfigError, MissingDependencyError
 
@@ -208,7 +209,7 @@ def verify_block(
     sampled: bool | None = None,  # some row has T > 0, when the caller knows (else read from `temperature`)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop-in for `dflash_trt.decoding.verify.verify_block`: tokens [B, K+1] and accepted [B]."""
-    sampled = sampled if sampled is not None else bool((temperature > 0).any())
+    sampled = sampling_rule.some_row_samples(temperature, sampled)
     if resolve_impl(logits, sampled) == "reference":  # skip the next-block work
         return reference.verify_block(logits, drafts, start, temperature, top_k, top_p, seed, sampled)
     tokens, accepted, _ = verify_block_next(logits, drafts, start, temperature, top_k, top_p, seed)
@@ -220,7 +221,7 @@ def sample_tokens(logits, positions, temperature, top_k, top_p, seed, vocab_ids=
     where `resolve_impl` picks it, else the torch reference."""
     from dflash_trt.decoding import sampling
 
-    sampled = sampled if sampled is not None else bool((temperature > 0).any())
+    sampled = sampling_rule.some_row_samples(temperature, sampled)
     if not sampled or resolve_impl(logits, True) != "twin":
         return sampling.sample_tokens(logits, positions, temperature, top_k, top_p, seed, vocab_ids, sampled)
     from dflash_trt.kernels import twin
@@ -268,12 +269,12 @@ def select(device) -> Kernels:
     from dflash_trt.kernels import twin
 
     def verify(logits, drafts, start, temperature, top_k, top_p, seed, sampled=None):
-        if greedy_in_torch and not (sampled if sampled is not None else bool((temperature > 0).any())):
+        if greedy_in_torch and not sampling_rule.some_row_samples(temperature, sampled):
             return reference.verify_block(logits, drafts, start, temperature, top_k, top_p, seed, False)
         return twin.verify_block_next(logits, drafts, start, temperature, top_k, top_p, seed, 0)[:2]
 
     def sample(logits, positions, temperature, top_k, top_p, seed, vocab_ids=None, sampled=None):
-        if greedy_in_torch and not (sampled if sampled is not None else bool((temperature > 0).any())):
+        if greedy_in_torch and not sampling_rule.some_row_samples(temperature, sampled):
             return sampling.sample_tokens(logits, positions, temperature, top_k, top_p, seed, vocab_ids, False)
         return _twin_sample(logits, positions, temperature, top_k, top_p, seed, vocab_ids)
 
