@@ -130,6 +130,59 @@ def test_draft_cpu_layers_equal_the_torch_path(loaded_tiny_pair, torch_path):
         torch.testing.assert_close(got, ref, rtol=0, atol=2e-5)
 
 
+@pytest.mark.parametrize("window", [3, 9])
+def test_sliding_window_draft_layers_equal_the_torch_path(loaded_tiny_pair, torch_path, window):
+    """A non-causal sliding-window drafter (z-lab's `sliding_attention` with `is_causal: false`): the C++
+    layer reads only each query's window of keys and gives the torch mask's numbers, one sequence and a
+    ragged batch; a window narrower than the block (3) cuts block keys too."""
+    draft, target = loaded_tiny_pair.draft, loaded_tiny_pair.target
+
+    def set_window(value):
+        for layer in draft.layers:
+            layer.window = value
+            layer.__dict__.pop("_cpu_plan", None)  # a plan carries its layer's window
+
+    set_window(window)
+    try:
+        check_window(draft, target, window, torch_path)
+    finally:
+        set_window(None)
+
+
+def check_window(draft, target, window, torch_path):
+    g = torch.Generator().manual_seed(7)
+    n_taps = len(draft.config.target_layer_ids) * target.config.dims.hidden_size
+    target_hidden = torch.randn(2, 40, n_taps, generator=g)
+    block = target.embed(torch.randint(0, 256, (2, 8), generator=g))
+
+    def run():
+        cache, slots = draft.new_cache(3, 64), torch.tensor([2, 0])
+        with torch.inference_mode():
+            draft.append_context(target_hidden[:1, :20], torch.arange(20)[None], cache, slots[:1])
+            draft.append_context(target_hidden[1:, :13], torch.arange(13)[None], cache, slots[1:])
+            one = cpu_draft.forward(draft, block[:1], torch.arange(20, 28)[None], cache, slots[:1])
+            context = (target_hidden[:, 20:25], torch.tensor([[20, 21, 22, 23, 24], [13, 14, 15, 16, 17]]),
+                       torch.tensor([[True, True, False, False, False], [True, True, True, True, False]]))
+            positions = torch.tensor([[22], [17]]) + torch.arange(8)[None]
+            batch = cpu_draft.forward(draft, block, positions, cache, slots, context)
+        return one, batch
+
+    want = torch_path(run)
+    assert cpu_draft.full_attention(draft) and cpu_layers.plans(draft.layers)[0].weights.window == window
+    calls = []
+    with pytest.MonkeyPatch.context() as m:
+        run_layers = cpu_layers.run_layers
+        m.setattr(cpu_layers, "run_layers", lambda *a, **k: calls.append(a[1].shape) or run_layers(*a, **k))
+        got = run()
+    assert len(calls) == 2  # both passes went through C++
+    for out, ref in zip(got, want):
+        torch.testing.assert_close(out, ref, rtol=0, atol=2e-5)
+    for layer in draft.layers:
+        layer.window = None
+    full = torch_path(run)
+    assert not torch.allclose(full[1], want[1], atol=1e-3)  # the window changes the drafts' numbers
+
+
 def test_last_layer_rows_in_stages_equal_the_whole_pass(target):
     """The last layer's rows in stages (layer_rows, the first stage writing every row's K/V): the same
     rows and K/V as a whole pass, bit for bit."""

@@ -65,6 +65,31 @@ def test_cached_chunks_match_full_forward_on_ragged_rows(target_case):
         assert (torch.cat(outs[b]) - ref[b]).abs().max() <= 1e-4
 
 
+def test_a_long_pass_runs_in_chunks_of_rows_with_transformers_numbers(target_case, monkeypatch):
+    """A pass longer than CHUNK_ROWS runs chunk by chunk (each chunk's mask [chunk, keys], never [T, T]):
+    logits at the asked rows and every row's taps equal transformers' on ragged rows after a cached prefix."""
+    from dflash_trt.model import target as target_module
+
+    hf, ours = target_case
+    monkeypatch.setattr(target_module, "CHUNK_ROWS", 7)
+    shapes = []
+    kind = type(ours.model.layers[0].self_attn)
+    attend = kind.attend
+    monkeypatch.setattr(kind, "attend", lambda self, q, k, v, seen: shapes.append(seen.shape) or attend(self, q, k, v, seen))
+    ids = torch.randint(0, 256, (2, 41), generator=torch.Generator().manual_seed(4))
+    ref = hf(ids, output_hidden_states=True)
+    cache, slots, last = ours.new_cache(2, 64), torch.arange(2), ours.config.dims.num_layers - 1
+    ours(ids[:, :3], torch.arange(3)[None].expand(2, -1), cache, slots)  # a cached prefix of 3
+    positions = torch.arange(3, 41)[None].expand(2, -1)
+    logit_rows = torch.tensor([[37], [20]])  # row 1 ends early (right padding after it)
+    logits, taps = ours(ids[:, 3:], positions, cache, slots, tap_layers=(1, last), logit_rows=logit_rows)
+    assert max(shape[2] for shape in shapes[1:]) == 7 and len(shapes) == (1 + 6) * ours.config.dims.num_layers
+    want = torch.stack([ref.logits[0, 3 + 37], ref.logits[1, 3 + 20]])[:, None]
+    assert (logits - want).abs().max() <= 1e-4
+    expected = torch.cat([ref.hidden_states[2], ref.hidden_states[last + 1]], dim=-1)[:, 3:]
+    assert (taps - expected).abs().max() <= 1e-4
+
+
 @pytest.mark.parametrize("rope", [YARN_ROPE, YARN_ROPE_FULL, {"rope_type": "yarn", "factor": 8.0, "mscale": 0.707,
                                                                 "original_max_position_embeddings": 32,
                                                                 "mscale_all_dim": 1.0}])

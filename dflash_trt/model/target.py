@@ -20,6 +20,8 @@ from dflash_trt.decoding.batch import Rows
 from dflash_trt.model.kv_cache import KVCache
 from dflash_trt.model.layers import MLP, AttentionProjections, RMSNorm, Rotary
 
+CHUNK_ROWS = 1024  # rows of a long pass run at once: bounds a prompt's masks and scores to [1024, keys]
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: TargetConfig):
@@ -84,7 +86,24 @@ class Target(nn.Module):
         head: bool = True,  # False: return the final-norm hidden states [B, R, H] instead of logits
         rows: Rows | None = None,  # the rows as the host knows them: no device value is read back
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> logits [B, R, V] (or hidden [B, R, H]), target_hidden [B, T, len(tap_layers) * H] (None without taps)."""
+        """-> logits [B, R, V] (or hidden [B, R, H]), target_hidden [B, T, len(tap_layers) * H] (None without taps).
+
+        A long pass (a prompt of more than CHUNK_ROWS rows) runs in chunks of rows, in position order, each
+        attending to the cache the chunks before it wrote: its masks and scores are [chunk, keys] instead of
+        [T, keys], whatever the prompt's length (rows at the same positions give the same numbers)."""
+        if tokens.shape[1] > CHUNK_ROWS and rows is None:
+            parts = [self._layers(tokens[:, a : a + CHUNK_ROWS], positions[:, a : a + CHUNK_ROWS], cache, slots,
+                                  tap_layers, None) for a in range(0, tokens.shape[1], CHUNK_ROWS)]
+            x = torch.cat([part[0] for part in parts], dim=1)
+            target_hidden = torch.cat([part[1] for part in parts], dim=1) if tap_layers else None
+        else:
+            x, target_hidden = self._layers(tokens, positions, cache, slots, tap_layers, rows)
+        if logit_rows is not None:
+            x = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
+        return (self.lm_head(x) if head else x), target_hidden
+
+    def _layers(self, tokens, positions, cache: KVCache, slots, tap_layers, rows: Rows | None):
+        """Every layer over these rows (K/V into the cache) -> final-norm hidden [B, T, H], taps (or None)."""
         x = self.embed(tokens)
         # with rows, the rope table spans the cache: it never grows (and moves) under a captured CUDA graph
         end = rows.read_end if rows is not None else int(positions.max()) + 1
@@ -99,7 +118,4 @@ class Target(nn.Module):
         x = self.model.norm(x)
         if len(self.model.layers) - 1 in tap_layers:  # HF's last hidden state is after the final norm
             taps[len(self.model.layers) - 1] = x
-        target_hidden = torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None
-        if logit_rows is not None:
-            x = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
-        return (self.lm_head(x) if head else x), target_hidden
+        return x, (torch.cat([taps[i] for i in tap_layers], dim=-1) if tap_layers else None)

@@ -7,8 +7,9 @@
   lazily. Its numbers equal the separate calls'.
 - Other batches of full-attention drafters run their layers through the C++ layer (ragged contexts as
   counts), then propose in torch with the head's panels and the twin's rule.
-- Everything else (sliding-window or causal layers, DFlash2's convolutions, hooks) is the module's own
-  torch forward.
+- Everything else (causal layers, DFlash2's convolutions, hooks) is the module's own torch forward.
+  Sliding-window layers run in C++ too: a query reads only the keys its window shows, so a draft pass
+  costs the same at any context length.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from dflash_trt.decoding.drafts import CONFIDENCE_FIRST, DraftOps, any_sampled
 
 
 def full_attention(draft) -> bool:
-    """Every layer non-causal without a window, and no DFlash2 convolution: what the C++ layer implements."""
-    return draft.candidate_selector is None and all(not layer.is_causal and layer.window is None
-                                                    for layer in draft.layers)
+    """Every layer non-causal (a sliding window or none), and no DFlash2 convolution: what the C++ layer
+    implements."""
+    return draft.candidate_selector is None and all(not layer.is_causal for layer in draft.layers)
 
 
 def plain_head(draft) -> bool:

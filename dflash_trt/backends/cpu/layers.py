@@ -81,7 +81,8 @@ class LayerPlan:
         ptr = lambda t: None if t is None else t.data_ptr()
         self.weights = LayerWeights(ptr(in_norm), ptr(qkv), ptr(q_norm), ptr(k_norm), ptr(o_w), ptr(post_norm),
                                 ptr(gate_up), ptr(down_w), objects[2].shape[0], attn.num_heads, attn.num_kv_heads,
-                                attn.head_dim, objects[3].shape[1], layer.input_layernorm.eps, self.weight_format)
+                                attn.head_dim, objects[3].shape[1], layer.input_layernorm.eps, self.weight_format,
+                                    getattr(layer, "window", None) or 0)
         self.pointer = ctypes.pointer(self.weights)
 
 

@@ -42,7 +42,7 @@ class LayerWeights(ctypes.Structure):
     _fields_ = [("input_norm", _p), ("qkv", _p), ("q_norm", _p), ("k_norm", _p), ("o_proj", _p),
                 ("post_norm", _p), ("gate_up", _p), ("down", _p), ("hidden", _i32), ("heads", _i32),
                 ("kv_heads", _i32), ("head_dim", _i32), ("intermediate", _i32), ("eps", ctypes.c_float),
-                ("weight_format", _i32)]
+                ("weight_format", _i32), ("window", _i32)]
 
 
 class DraftStepArgs(ctypes.Structure):

@@ -23,7 +23,8 @@
 //   rows [ctx ; x] sit at absolute positions start .. start + C + Q - 1
 //   cos/sin [C + Q, D]       RoPE rows for those positions (HF rotate_half convention)
 //   k/v cache [NKV, cap, D]  this layer's slice for the sequence; positions < start must hold K/V
-//   query row t (absolute position p) attends to keys 0..p (causal) or 0..start+C+Q-1 (not causal)
+//   query row t (absolute position p) attends to keys 0..p (causal) or 0..start+C+Q-1 (not causal),
+//   narrowed to |p - k| < window on a sliding-window layer (its cost then bounded by the window)
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +55,8 @@ struct DflLayerWeights {  // pointers stay owned by the Python module (layers.La
   int32_t hidden, heads, kv_heads, head_dim, intermediate;
   float eps;
   int32_t weight_format;     // 0: fp32 panels, 1: bf16 panels, 2: fp16 panels
+  int32_t window;            // sliding window (0: none): a query at p sees keys k with p - k < window, and
+                             // also k - p < window when not causal (z-lab's drafter mask, model.draft_layer)
 };
 
 }  // extern "C"
@@ -725,7 +728,20 @@ int32_t dfl_decoder_layer_rows(const DflLayerWeights* w, float* x, int32_t n_seq
         n_keys[t * group + j] = causal ? start + c_rows + q_begin + t + 1 : start + c_rows + q_rows;
       }
     const size_t base = slots[b] * slot_size + static_cast<size_t>(kv) * capacity * D;
-    attend(queries, n_keys, m_count, k_layer + base, v_layer + base, D, scale, scores, stride, heads_out);
+    if (w->window > 0) {  // each row's keys are its own range [lo, hi): one call per row, based at lo, so a
+                          // query's numbers depend on its position and keys only (row independence)
+      for (int t = 0; t < qn; ++t) {
+        const int p = start + c_rows + q_begin + t, end = n_keys[t * group];
+        const int lo = p - w->window + 1 > 0 ? p - w->window + 1 : 0;
+        const int hi = causal || p + w->window > end ? end : p + w->window;
+        for (int j = 0; j < group; ++j) n_keys[t * group + j] = hi - lo;
+        const size_t at = base + static_cast<size_t>(lo) * D, row = static_cast<size_t>(t) * group;
+        attend(queries + row * D, n_keys + row, group, k_layer + at, v_layer + at, D, scale, scores, stride,
+               heads_out + row * D);
+      }
+    } else {
+      attend(queries, n_keys, m_count, k_layer + base, v_layer + base, D, scale, scores, stride, heads_out);
+    }
     for (int t = 0; t < qn; ++t)
       for (int j = 0; j < group; ++j)
         for (int i = 0; i < D; ++i)
