@@ -321,3 +321,24 @@ def test_regeneration_mixes_a_list_of_temperatures(tiny_pair, tmp_path):
     assert summary["steps"] == 2
     record = json.loads((tmp_path / "draft" / "dflash_trt_train.json").read_text())
     assert record["regen_temperature"] == [0.0, 1.0]
+
+
+def test_a_windowed_drafter_keeps_plain_rope_beside_a_yarn_target(tmp_path):
+    """--sliding-window: every layer z-lab's sliding_attention, not causal, with the window written where z-lab's
+    loader reads it; the window (within the target's original rope window) keeps plain rope; the folder loads
+    with each layer's window and trains past what a block sees without it."""
+    from tiny_models import make_target
+
+    make_target(tmp_path / "t", "qwen3", seed=2, max_position_embeddings=256,
+                rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
+    summary = _train(tmp_path / "t", _data(tmp_path / "d.jsonl"), tmp_path / "draft", 20, ["--sliding-window", "12"])
+    assert summary["loss_history"][-1] < summary["loss_history"][0]
+    config = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert config["layer_types"] == ["sliding_attention"] and config["sliding_window"] == 12
+    assert config["use_sliding_window"] is True and config["is_causal"] is False
+    assert config["rope_parameters"]["rope_type"] == "default"
+    ckpt = read_draft(tmp_path / "draft")
+    assert ckpt.config.layer_window(0) == 12 and not ckpt.config.layer_is_causal(0)
+    assert ckpt.config.dims.rope.type == "default" and read_target(tmp_path / "t").config.dims.rope.type == "yarn"
+    with pytest.raises(ConfigError, match="sliding_window must be >= block_size"):
+        TrainDraftConfig(target="t", data=["d"], out="o", block_size=16, sliding_window=8)

@@ -48,7 +48,7 @@ def draft_config_json(config: DraftConfig, torch_dtype: str = "float32") -> dict
         "use_sliding_window": config.sliding_window is not None,  # HF Qwen3Config drops the window without it
         "sliding_window": config.sliding_window,
         "torch_dtype": torch_dtype,
-    }
+    } | ({} if config.is_causal is None else {"is_causal": config.is_causal})  # top level, as z-lab reads it
 
 
 def draft_config_for_target(
@@ -57,9 +57,22 @@ def draft_config_for_target(
     block_size: int,
     mask_token_id: int,
     target_layer_ids: tuple[int, ...],
+    sliding_window: int | None = None,
 ) -> DraftConfig:
-    """A drafter shaped like its target (z-lab copies the target's per-layer dimensions)."""
+    """A drafter shaped like its target (z-lab copies the target's per-layer dimensions). With a
+    `sliding_window`, every layer is z-lab's `sliding_attention`, not causal: a block attends to the context
+    positions within the window before it (and its own rows), so a draft pass costs the same at any
+    context length; a window no wider than the target's original rope window keeps plain rope (every
+    distance the drafter sees is one the rope was trained at, so a long-context yarn scaling is not copied)."""
     dims = replace(target.dims, num_layers=num_layers, qk_norm=True, mlp_bias=False)
+    if sliding_window is not None:
+        rope = target.dims.rope
+        if rope.type == "yarn" and sliding_window <= rope.original_max_position_embeddings:
+            dims = replace(dims, rope=replace(rope, type="default", factor=1.0))
+        return DraftConfig(
+            vocab_size=target.vocab_size, dims=dims, block_size=block_size, mask_token_id=mask_token_id,
+            target_layer_ids=tuple(target_layer_ids), num_target_layers=target.dims.num_layers,
+            layer_types=("sliding_attention",) * num_layers, sliding_window=sliding_window, is_causal=False)
     return DraftConfig(
         vocab_size=target.vocab_size,
         dims=dims,

@@ -52,6 +52,10 @@ from dflash_trt.cli.types import FLOAT_LIST, INT_LIST, MODEL_DIR
                    "size (samples x seq-len x taps x hidden x 4 bytes); larger datasets run the target every step.")
 @click.option("--eval-samples", type=click.IntRange(min=0), default=0, show_default=True,
               help="Hold out this many samples for the reported τ (0: measure it on 16 training samples).")
+@click.option("--sliding-window", type=click.IntRange(min=2),
+              help="Window the drafter's context attention to this many positions (every layer z-lab's "
+                   "sliding_attention, not causal): a draft pass then costs the same at any context length. "
+                   "Default: full attention.")
 @click.option("--init", type=MODEL_DIR,
               help="Start from this drafter's weights (same taps and block size; a shallower one grows "
                    "deeper): train longer, fine-tune or deepen.")

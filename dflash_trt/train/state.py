@@ -21,6 +21,8 @@ def _identity(cfg) -> dict:
         identity["init"] = cfg.init
     if getattr(cfg, "eval_samples", 0):  # likewise: states from before held-out evaluation still resume
         identity["eval_samples"] = cfg.eval_samples
+    if getattr(cfg, "sliding_window", None) is not None:  # likewise for a windowed drafter
+        identity["sliding_window"] = cfg.sliding_window
     return identity
 
 

@@ -75,6 +75,7 @@ class TrainDraftConfig:
     save_every: int = 200
     device: str = "auto"
     init: str | None = None  # a drafter folder whose weights the run starts from (same shapes and taps)
+    sliding_window: int | None = None  # context attention windowed (sliding_attention, not causal)
     eval_samples: int = 0  # samples held out for the chain-simulated τ (0: the first 16 training samples)
     cache_features: bool = False  # keep the dataset's target features on disk for later runs (features_cache_file)
     feature_memory_gb: float = 4.0  # target features of the whole dataset held in memory up to this size, else per step
@@ -83,8 +84,6 @@ class TrainDraftConfig:
     def __post_init__(self):
         if self.block_size < 2:
             raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
-        if self.eval_samples < 0:
-            raise ConfigError(f"eval_samples must be >= 0, got {self.eval_samples}")
         if self.distill_temperature is not None and not self.distill_temperature > 0:
             raise ConfigError(f"distill_temperature must be > 0 (or unset), got {self.distill_temperature}")
         if self.distill_slots is not None and not 1 <= self.distill_slots < self.block_size:
@@ -92,11 +91,14 @@ class TrainDraftConfig:
                               f"got {self.distill_slots}")
         if not 0.0 <= self.distill_weight <= 1.0:
             raise ConfigError(f"distill_weight must be in [0, 1], got {self.distill_weight}")
-        if self.feature_memory_gb < 0:
-            raise ConfigError(f"feature_memory_gb must be >= 0, got {self.feature_memory_gb}")
+        for name in ("eval_samples", "feature_memory_gb"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("layers", "steps", "batch_size", "num_anchors", "save_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if (self.sliding_window or self.block_size) < self.block_size:  # a block sees its own rows
+            raise ConfigError(f"sliding_window must be >= block_size ({self.block_size}), got {self.sliding_window}")
         if self.seq_len < 4:
             raise ConfigError(f"seq_len must be >= 4, got {self.seq_len}")
         if isinstance(self.regen_temperature, (list, tuple)):  # one value is recorded as a number, as before lists
@@ -132,7 +134,7 @@ def build_draft_config(cfg: TrainDraftConfig, pair) -> DraftConfig:
     mask = cfg.mask_token_id if cfg.mask_token_id is not None else default_mask_token_id(pair.tokenizer, tc.vocab_size)
     if not 0 <= mask < tc.vocab_size:
         raise ConfigError(f"--mask-token-id {mask}: not a row of the target embedding (vocab {tc.vocab_size})")
-    return draft_config_for_target(tc, cfg.layers, cfg.block_size, mask, tuple(taps))
+    return draft_config_for_target(tc, cfg.layers, cfg.block_size, mask, tuple(taps), cfg.sliding_window)
 
 
 def new_draft(config: DraftConfig, seed: int, device) -> DFlashDraft:
