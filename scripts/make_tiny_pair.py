@@ -162,6 +162,28 @@ def train_target(work: Path, stream: torch.Tensor, steps: int, seed: int, batch:
             "seconds": round(time.perf_counter() - t0), "params": sum(p.numel() for p in model.parameters())}
 
 
+def extend_with_yarn(work: Path, factor: float) -> dict:
+    """The target reads `factor` times its positions: YaRN (transformers' `rope_type: yarn`, its default
+    attention factor 0.1 ln(factor) + 1 and ramp) over its trained window, no further training. Distances
+    within the old window keep their high-frequency rotations; the slow ones are interpolated."""
+    path = work / "target" / "config.json"
+    config = json.loads(path.read_text())
+    if config.get("rope_parameters", {}).get("rope_type") == "yarn":
+        raise SystemExit(f"{path}: the target already has yarn (run the stage once, on a trained target)")
+    window = config["max_position_embeddings"]
+    config["max_position_embeddings"] = int(window * factor)
+    config["rope_parameters"] = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": window,
+                                 "rope_theta": config["rope_parameters"]["rope_theta"]}
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    tok_path = work / "target" / "tokenizer_config.json"
+    tok = json.loads(tok_path.read_text())
+    tok["model_max_length"] = config["max_position_embeddings"]
+    tok_path.write_text(json.dumps(tok, indent=2) + "\n")
+    return {"factor": factor, "original_max_position_embeddings": window,
+            "max_position_embeddings": config["max_position_embeddings"],
+            "command": " ".join(["python", "scripts/make_tiny_pair.py", *sys.argv[1:]])}
+
+
 def adopt_init(work: Path, init: Path, log: dict) -> None:
     """For --target-init: the init target's tokenizer (when --work has none) and, for the model card,
     how that target was made (its make_log.json one folder up, when there is one)."""
@@ -259,9 +281,31 @@ def cut_prompts(work: Path, files: list[Path], n: int, length: int, seed: int, n
     return path
 
 
+def long_prompts(work: Path, files: list[Path], piece: int = 512, tail: int = 256, lines: int = 128,
+                 name: str = "heldout_long.jsonl") -> Path:
+    """JSONL of the held-out files' tokens in file order, for prompts of any length up to the whole set
+    (`bench --context-lengths` cuts them so that each ends where a line ends and reaches back over the lines
+    before it): each file opens with `<|endoftext|>` (as the training stream joins files) and is cut into
+    `piece`-token lines, its last `tail` tokens and any shorter remainder left out, so every line ends
+    inside a file and a prompt ending there has the file's own text to continue. The first `lines` lines
+    (65,536 tokens by default: eight spread prompts of 8,192)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(work / "target" / "tokenizer.json"))
+    out = []
+    for text in (read(p) for p in files):
+        ids = [0] + tok.encode(text, add_special_tokens=False).ids
+        for at in range(0, len(ids) - tail - piece + 1, piece):
+            out.append({"token_ids": ids[at : at + piece]})
+    path = work / name
+    path.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in out[:lines]))
+    return path
+
+
 def train_drafter(work: Path, seed: int, steps: int, layers: int, init: Path | None = None, lr: float = 1.5e-3,
                   regen_temperature: list[float] | None = None, distill_temperature: float | None = None,
-                  distill_weight: float = 1.0, distill_slots: int | None = None, eval_samples: int = 0) -> dict:
+                  distill_weight: float = 1.0, distill_slots: int | None = None, eval_samples: int = 0,
+                  sliding_window: int | None = None) -> dict:
     """`train-draft --regenerate` on the cut prompts; `regen_temperature` (a list mixes them, sample i taking
     the (i mod n)-th), `distill_*` and `eval_samples` as the command's options of those names."""
     from dflash_trt.train.trainer import TrainDraftConfig, train_draft
@@ -279,7 +323,7 @@ def train_drafter(work: Path, seed: int, steps: int, layers: int, init: Path | N
         init=None if init is None else str(init),
         regen_temperature=list(regen_temperature or [0.0]),
         distill_temperature=distill_temperature, distill_weight=distill_weight, distill_slots=distill_slots,
-        eval_samples=eval_samples,
+        eval_samples=eval_samples, sliding_window=sliding_window,
         cache_features=True,  # the 24-layer target's features take ~15 min; a rerun or deeper drafter reuses them
         feature_memory_gb=12.0,  # 12288 samples x 256 x 3 taps x 192 x 4 bytes = 7.2 GB, held in memory (24 GB box)
     )
@@ -288,7 +332,7 @@ def train_drafter(work: Path, seed: int, steps: int, layers: int, init: Path | N
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--stage", choices=["tokenizer", "target", "draft", "prompts", "measure", "install", "all"],
+    ap.add_argument("--stage", choices=["tokenizer", "target", "yarn", "draft", "prompts", "measure", "install", "all"],
                     default="all")
     ap.add_argument("--work", type=Path, default=ROOT / "out" / "tiny_pair")
     ap.add_argument("--seed", type=int, default=0)
@@ -316,6 +360,10 @@ def main() -> None:
                     help="train on every N-th prompt of the seeded prompt stream (2: prompts 0, 2, 4, ...)")
     ap.add_argument("--draft-eval-samples", type=int, default=0,
                     help="samples held out of training for the chain-simulated τ (train-draft --eval-samples)")
+    ap.add_argument("--draft-sliding-window", type=int, default=None,
+                    help="window the drafter's context attention (train-draft --sliding-window)")
+    ap.add_argument("--yarn-factor", type=float, default=16.0,
+                    help="stage yarn: the target's positions times this, by YaRN over its current window")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is robust on a shared 2-core box)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -327,7 +375,7 @@ def main() -> None:
     if args.stage == "install":  # copy a finished --work folder into dflash_trt/assets/
         install(args.work)
         return
-    stages = ["tokenizer", "target", "draft", "prompts", "measure"] if args.stage == "all" else [args.stage]
+    stages = ["tokenizer", "target", "yarn", "draft", "prompts", "measure"] if args.stage == "all" else [args.stage]
     for stage in stages:
         t0 = time.perf_counter()
         if stage == "tokenizer":
@@ -348,7 +396,7 @@ def main() -> None:
             regen = [float(t) for t in args.draft_regen_temperature.split(",")]
             summary = train_drafter(args.work, args.seed, args.draft_steps, args.draft_layers, args.draft_init,
                                     args.draft_lr, regen, args.draft_distill_temperature, args.draft_distill_weight,
-                                    args.draft_distill_slots, args.draft_eval_samples)
+                                    args.draft_distill_slots, args.draft_eval_samples, args.draft_sliding_window)
             if args.draft_init is not None and "draft" in log:  # the runs it continues: kept for the card
                 log["draft_history"] = [*log.get("draft_history", []), log["draft"]]
             log["draft"] = {k: v for k, v in summary.items() if k != "loss_history"} | {
@@ -361,8 +409,11 @@ def main() -> None:
                 "distill_slots": args.draft_distill_slots if args.draft_distill_temperature else None,
                 "prompt_stride": args.draft_prompt_stride, "eval_samples": args.draft_eval_samples,
                 "command": " ".join(["python", "scripts/make_tiny_pair.py", *sys.argv[1:]])}
+        elif stage == "yarn":
+            log["yarn"] = extend_with_yarn(args.work, args.yarn_factor)
         elif stage == "prompts":
             cut_prompts(args.work, held_files, 64, 64, args.seed + 1, "heldout_prompts.jsonl")
+            long_prompts(args.work, held_files)
         elif stage == "measure":
             log["measured"] = measure(args.work)
             log["measured_sampled"] = measure_sampled(args.work)
@@ -414,7 +465,8 @@ def install(work: Path) -> None:
         dst = ASSETS / name
         shutil.rmtree(dst, ignore_errors=True)
         shutil.copytree(src, dst, ignore=shutil.ignore_patterns("generation_config.json"))
-    shutil.copy(work / "heldout_prompts.jsonl", ASSETS / "heldout_prompts.jsonl")
+    for name in ("heldout_prompts.jsonl", "heldout_long.jsonl"):
+        shutil.copy(work / name, ASSETS / name)
     shutil.copy(work / "make_log.json", ASSETS / "make_log.json")
 
 
