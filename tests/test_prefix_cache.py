@@ -74,6 +74,20 @@ def test_warm_requests_decode_the_cold_tokens_with_the_cold_acceptance(shipped_p
     assert stats.hits >= 4 * 20 * BLOCK and stats.inserted > 20
 
 
+def test_warm_prompts_prefilled_in_chunks_keep_the_cold_acceptance(shipped_pair, agent_requests):
+    """A prompt whose uncached part is longer than the runner's prefill_chunk: cold it is prefilled in chunks
+    from position 0, warm in chunks after its restored blocks; both decode the unchunked cold tokens with its
+    acceptance, one request at a time."""
+    cold = [_engine(shipped_pair, 0, slots=1).generate([r])[0] for r in agent_requests[:2]]
+    engine = _engine(shipped_pair, 64 << 20, slots=1)
+    engine.scheduler.prefill_chunk = 48
+    chunked = [engine.generate([r])[0] for r in agent_requests[:2]]
+    assert chunked[0].cached_tokens == 0 and chunked[1].cached_tokens == 20 * BLOCK
+    assert len(agent_requests[1].prompt) - 20 * BLOCK > 48  # the warm one's rest took chunks too
+    for c, w in zip(cold, chunked):
+        assert w.tokens == c.tokens and w.acceptance_lengths == c.acceptance_lengths
+
+
 def test_a_drafter_reading_stale_context_would_show(shipped_pair, agent_requests, monkeypatch):
     """The failure other engines ship: cached positions restored for the target but not for the drafter. The
     drafter then reads another request's context at those positions — tokens stay right, acceptance drops.

@@ -203,3 +203,60 @@ def test_served_steps_check_their_layers_weights_once(loaded_tiny_pair, monkeypa
     assert len(checks) == after_first  # later steps reuse the plans
     expected = [e.tokens for e in autoregressive_generate(loaded_tiny_pair.target, requests)]
     assert [g.tokens for g in first] == [g.tokens for g in again] == expected
+
+
+def test_long_prompts_prefill_a_chunk_per_step_between_decode_steps(shipped_pair):
+    """A prompt longer than the runner's prefill_chunk is prefilled one chunk per engine step while the other
+    requests decode: a short request admitted with it streams tokens before the long one has its first; the
+    tokens are the autoregressive ones, and a request decoding alone accepts what it does unchunked, step for
+    step (the drafter's context of each chunk is complete; in a shared batch the drafter's numbers may take
+    another path, so there only the tokens must match)."""
+    from dflash_trt.bench.local import context_prompts, load_prompts
+    from dflash_trt.runtime.local import local_engine
+
+    stream = load_prompts(None, None, None)
+    long, short = context_prompts(stream, 150, 2), load_prompts(None, None, 1)[0][:24]  # short: within a chunk
+    requests = [Request(tuple(long[0]), stop=StopCriteria(40)), Request(tuple(short), stop=StopCriteria(40)),
+                Request(tuple(long[1]), stop=StopCriteria(24))]
+    expected = autoregressive_generate(shipped_pair.target, requests)
+    runs = {}
+    for chunk in (None, 32):
+        engine = local_engine(shipped_pair, 256, max_batch_size=3, width_policy="schedule")  # full blocks: widths
+        engine.scheduler.prefill_chunk = chunk  # that do not depend on timing or on who shares a step
+        order = []
+        runs[chunk] = engine.generate(requests, on_commit=lambda i, tokens: order.append(i))
+        assert engine.scheduler.idle and not engine.scheduler.prefilling and len(engine.scheduler.free_slots) == 3
+        if chunk:
+            firsts = [order.index(i) for i in range(3)]
+            assert firsts[1] == 0 and order[: firsts[0]].count(1) >= 3  # the short one decoded meanwhile
+            assert firsts[2] > firsts[0]  # long prompts take their chunks in admission order
+    for got in runs.values():
+        assert [g.tokens for g in got] == [e.tokens for e in expected]
+    alone = {}
+    for chunk in (None, 32):
+        engine = local_engine(shipped_pair, 256, max_batch_size=1, width_policy="schedule")
+        engine.scheduler.prefill_chunk = chunk
+        alone[chunk] = engine.generate(requests[:1])[0]
+    assert alone[32].tokens == expected[0].tokens
+    assert alone[32].acceptance_lengths == alone[None].acceptance_lengths and sum(alone[32].acceptance_lengths) == 39
+
+
+def test_a_request_cancelled_while_its_prompt_prefills_frees_its_slot(shipped_pair):
+    from dflash_trt.bench.local import context_prompts, load_prompts
+    from dflash_trt.runtime.local import local_engine
+
+    engine = local_engine(shipped_pair, 256, max_batch_size=1)
+    scheduler = engine.scheduler
+    scheduler.prefill_chunk = 16
+    events, cancel = [], threading.Event()
+    prompt = tuple(context_prompts(load_prompts(None, None, None), 100, 1)[0])
+    scheduler.submit(Request(prompt, stop=StopCriteria(8)), events.append, cancel.is_set)
+    scheduler.step()
+    scheduler.step()
+    assert scheduler.prefilling and scheduler.prefilling[0].prefilled == 32 and not scheduler.free_slots
+    cancel.set()
+    scheduler.step()
+    assert scheduler.idle and scheduler.free_slots == [0]
+    assert events[-1].finished and events[-1].cancelled and not events[-1].tokens
+    again = engine.generate([Request(prompt, stop=StopCriteria(8))])  # the slot serves the same prompt afresh
+    assert again[0].tokens == autoregressive_generate(shipped_pair.target, [Request(prompt, stop=StopCriteria(8))])[0].tokens

@@ -3,7 +3,9 @@
 Requests join and leave a running batch between steps. One `step()`:
 1. drop cancelled requests and free their slots;
 2. admit waiting requests into free slots: one batched target prefill, first token chosen by the
-   sampling rule, prompt taps handed to the draft runner as context;
+   sampling rule, prompt taps handed to the draft runner as context; a prompt longer than the target
+   runner's `prefill_chunk` is prefilled one chunk per step instead (the running requests decode between
+   its chunks, so a long prompt delays them by a chunk's time, not its own);
 3. one DFlash step for every running slot: the width policy picks the block (width.py), the draft
    runner drafts [bonus, MASK x K] in one pass, the target runner verifies it in one pass, the
    scheduler accepts the matching prefix + bonus, applies stops, streams, and rewinds both runners.
@@ -14,20 +16,20 @@ its autoregressive tokens whatever else shares the batch. A server steps it from
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from dflash_trt.decoding.batch import Rows, StepInputs, to_device
-from dflash_trt.decoding.requests import Detokenize, GenerationResult, Request, Row
-from dflash_trt.runtime.prefix_cache import BLOCK, PrefixCache, PrefixStats
+from dflash_trt.decoding.requests import Detokenize, Request
+from dflash_trt.runtime.prefix_cache import BLOCK, PrefixCache
 from dflash_trt.runtime.runner import DraftRunner, TargetRunner
+from dflash_trt.runtime.sequence import Event, Sequence, Sink, StepStats
 from dflash_trt.runtime.width import MeasuredWidth, policy_for, resolve_policy, temperature_band
 
 
@@ -45,72 +47,7 @@ class ServiceLimits:
     cuda_graphs: bool = True  # on CUDA: draft and verify passes replayed as CUDA graphs (backends/torch/graphs.py)
 
 
-@dataclass
-class Event:
-    """What a request's sink receives: newly committed tokens, then one final event."""
-
-    tokens: list[int]
-    finished: bool = False
-    result: GenerationResult | None = None
-    cancelled: bool = False
-    stats: dict = field(default_factory=dict)
-    error: str | None = None  # the step failed: this request is over, with this message
-
-
-@dataclass
-class StepStats:
-    batch: int  # rows decoded this step
-    admitted: int
-    prefill_s: float
-    draft_s: float
-    verify_s: float
-    committed: list[int]  # tokens committed per running row this step
-    running: int = 0  # requests holding a slot after the step
-    waiting: int = 0  # requests queued for a slot
-    drafts: int = 0  # draft tokens proposed per row this step (K; 0 for an AR step)
-    accepted: list[int] = field(default_factory=list)  # drafts accepted per row (before stops)
-    cached_tokens: int = 0  # prompt tokens the admitted requests restored from the prefix cache
-    warm: list[bool] = field(default_factory=list)  # per running row: its prompt restored a cached prefix
-    prefix: PrefixStats | None = None  # the prefix cache's totals (None: no prefix cache)
-    prefix_bytes: int = 0  # bytes of K/V the prefix cache holds
-
-
-Sink = Callable[[Event], None]
 log = logging.getLogger(__name__)
-
-
-class Sequence:
-    """A request bound to the scheduler: its Row (tokens, stops), slot and decode position."""
-
-    _ids = itertools.count()
-
-    def __init__(self, request: Request, sink: Sink, is_cancelled, detokenize: Detokenize | None):
-        self.id = next(self._ids)
-        self.request, self.sink, self.is_cancelled = request, sink, is_cancelled
-        self.row = Row(self.id, request, detokenize)
-        self.slot: int | None = None
-        self.bonus = 0  # last committed token, not yet run through the target
-        self.start = 0  # its absolute position
-        self.submitted_at = time.perf_counter()
-        self.first_token_at: float | None = None
-        self.cancelled = False
-
-    def emit(self, event: Event) -> None:
-        try:
-            self.sink(event)
-        except Exception:  # a sink that cannot deliver (client gone) cancels its request
-            self.cancelled = True
-
-    def stats(self) -> dict:
-        now = time.perf_counter()
-        steps = self.row.acceptance_lengths
-        return {
-            "ttft_s": (self.first_token_at or now) - self.submitted_at,
-            "total_s": now - self.submitted_at,
-            "verify_steps": len(steps),
-            "mean_acceptance_length": sum(steps) / len(steps) if steps else 0.0,
-            "cached_tokens": self.row.cached_tokens,
-        }
 
 
 class Scheduler:
@@ -132,6 +69,8 @@ class Scheduler:
         self.wakeup = threading.Condition()
         self.stopping = False
         self._admitting: list[Sequence] = []  # popped from waiting, not yet running (for failures)
+        self.prefilling: deque[Sequence] = deque()  # admitted long prompts, prefilled a chunk per step
+        self.prefill_chunk: int | None = getattr(target, "prefill_chunk", None)
         self.prefix = self._prefix_cache(prefix_cache_bytes)
         self._restored = 0  # prompt tokens restored from the prefix cache in this step's admissions
         self.inputs = StepInputs(device)
@@ -193,7 +132,7 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not self.running and not self.waiting
+        return not self.running and not self.waiting and not self.prefilling
 
     # --- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -234,12 +173,12 @@ class Scheduler:
                 log.exception("on_step callback failed")
 
     def _fail_running(self, message: str) -> None:
-        for seq in list(self.running.values()) + self._admitting:
+        for seq in {id(s): s for s in [*self.running.values(), *self._admitting, *self.prefilling]}.values():
             if seq.slot is not None and seq.slot not in self.free_slots:
                 self.free_slots.append(seq.slot)
             self.running.pop(seq.slot, None)
             seq.emit(Event([], finished=True, result=seq.row.result(), error=message))
-        self._admitting = []
+        self._admitting, self.prefilling = [], deque()
 
     # --- internals -----------------------------------------------------------------------------
     def _drop_cancelled(self) -> None:
@@ -252,6 +191,10 @@ class Scheduler:
         for slot, seq in list(self.running.items()):
             if self._cancelled(seq):
                 self._finish(seq, cancelled=True)
+        for seq in [s for s in self.prefilling if self._cancelled(s)]:  # its slot's positions are never cached
+            self.prefilling.remove(seq)
+            self.free_slots.append(seq.slot)
+            seq.emit(Event([], finished=True, cancelled=True, result=seq.row.result()))
 
     @staticmethod
     def _cancelled(seq: Sequence) -> bool:
@@ -274,32 +217,51 @@ class Scheduler:
         return self.inputs.sampling(tuple(s.id for s in seqs), [s.request.params for s in seqs])
 
     def _admit(self) -> int:
+        """Admit waiting requests (prompts within a chunk prefilled together now, longer ones queued for
+        chunks), then prefill one chunk of the longest-admitted long prompt; -> requests admitted."""
         self._restored = 0
         with self.wakeup:
             n = min(len(self.free_slots), len(self.waiting), self.max_prefill_batch)
             seqs = [self.waiting.popleft() for _ in range(n)]
-        if not seqs:
-            return 0
         self._admitting = seqs
         for seq in seqs:
             seq.slot = self.free_slots.pop(0)
+            if self.prefix is not None and seq.request.prefix_cache:
+                seq.prefilled = self._restore_prefix(seq)
+                self._restored += seq.prefilled
+        long = [s for s in seqs if self.prefill_chunk and len(s.request.prompt) - s.prefilled > self.prefill_chunk]
+        self.prefilling.extend(long)
+        if len(long) < len(seqs):
+            self._prefill([s for s in seqs if s not in long])
+        if self.prefilling:
+            self._admitting = [self.prefilling[0]]
+            self._prefill(self._admitting, self.prefill_chunk)
+            if self.prefilling[0].prefilled == len(self.prefilling[0].request.prompt):
+                self.prefilling.popleft()
+        self._admitting = []
+        return n
+
+    def _prefill(self, seqs: list[Sequence], chunk: int | None = None) -> None:
+        """Prefill the rest of each prompt (or its next `chunk` positions) after the positions its slot holds; a
+        prompt whose last position ran starts decoding with the first token the rule chose."""
         slots = self.inputs.slots(tuple(s.slot for s in seqs))
+        ends = [len(s.request.prompt) if chunk is None else min(len(s.request.prompt), s.prefilled + chunk)
+                for s in seqs]
         extra = {"bans": [s.request.bans([]) for s in seqs]} if any(s.request.bad_words for s in seqs) else {}
-        if self.prefix is not None:
-            extra["cached"] = [self._restore_prefix(seq) if seq.request.prefix_cache else 0 for seq in seqs]
-            self._restored = sum(extra["cached"])
-        first, taps, positions, lengths = self.target.prefill(slots, [s.request.prompt for s in seqs],
+        if self.prefix is not None or any(s.prefilled for s in seqs):
+            extra["cached"] = [s.prefilled for s in seqs]
+        first, taps, positions, lengths = self.target.prefill(slots, [s.request.prompt[:e] for s, e in zip(seqs, ends)],
                                                               self._sampling(seqs), **extra)
         if self.draft is not None:
             self.draft.append_context(slots, taps, positions, positions < lengths[:, None])
             self.draft.commit(slots, lengths)
         now = time.perf_counter()
-        self._admitting = []
-        for seq, token, length in zip(seqs, first.tolist(), lengths.tolist()):
-            seq.first_token_at, seq.bonus, seq.start = now, token, length
-            self.running[seq.slot] = seq
-            self._commit(seq, [token])
-        return n
+        for seq, token, end in zip(seqs, first.tolist(), ends):
+            seq.prefilled = end
+            if end == len(seq.request.prompt):
+                seq.first_token_at, seq.bonus, seq.start = now, token, end
+                self.running[seq.slot] = seq
+                self._commit(seq, [token])
 
     def _restore_prefix(self, seq: Sequence) -> int:
         """Restore the longest cached prefix of the request's prompt into its slot (target K/V and the drafter's

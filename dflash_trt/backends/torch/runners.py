@@ -25,6 +25,7 @@ from dflash_trt.kernels import Kernels, select
 from dflash_trt.model.kv_cache import BlockPool
 
 Sampling = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # temperature, top_k, top_p, seed [B]
+PREFILL_CHUNK_CPU, PREFILL_CHUNK_GPU = 512, 4096  # prompt positions a target prefills per engine step
 
 
 class PrefixBlocks:
@@ -60,6 +61,9 @@ class TorchTargetRunner(PrefixBlocks):
         self.vocab_size = target.config.vocab_size
         self.kernels = kernels or select(self.device)
         self.graphs = PassGraphs() if graphs else None  # verify passes as CUDA graphs (graphs.py)
+        # a longer prompt is prefilled a chunk per engine step (runtime/scheduler.py): a CPU does ~512 rows of an
+        # 8k-token prompt in about a second, a GPU several thousand in milliseconds
+        self.prefill_chunk = PREFILL_CHUNK_CPU if self.device.type == "cpu" else PREFILL_CHUNK_GPU
 
     def forward(self, tokens, positions, slots, logit_rows=None, head: bool = True, rows: Rows | None = None):
         """The target's pass over these slots' cache: logits (or final-norm hidden) and taps."""
