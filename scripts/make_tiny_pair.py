@@ -162,15 +162,39 @@ def train_target(work: Path, stream: torch.Tensor, steps: int, seed: int, batch:
             "seconds": round(time.perf_counter() - t0), "params": sum(p.numel() for p in model.parameters())}
 
 
-def extend_with_yarn(work: Path, factor: float) -> dict:
+POSITION_BINS = (0, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def loss_by_position(target: Path, files: list[Path], tokens: int = 8192, docs: int = 8) -> dict:
+    """Mean next-token loss (transformers, fp32) of the first `docs` files with at least `tokens` tokens, per
+    position bin of POSITION_BINS: how the target reads far into a long file."""
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    tok = Tokenizer.from_file(str(target / "tokenizer.json"))
+    rows = [ids[:tokens] for ids in (tok.encode(read(p), add_special_tokens=False).ids for p in files)
+            if len(ids) >= tokens][:docs]
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    with torch.no_grad():
+        losses = torch.stack([torch.nn.functional.cross_entropy(model(torch.tensor([r])).logits[0, :-1],
+                                                                torch.tensor(r[1:]), reduction="none") for r in rows])
+    mean = losses.mean(0)
+    bins = [(a, b) for a, b in zip(POSITION_BINS, POSITION_BINS[1:]) if a < tokens - 1]
+    return {"files": len(rows), "tokens": tokens, "bins": [f"{a}-{b}" for a, b in bins],
+            "loss": [round(float(mean[a : b - 1].mean()), 3) for a, b in bins]}
+
+
+def extend_with_yarn(work: Path, factor: float, held_files: list[Path]) -> dict:
     """The target reads `factor` times its positions: YaRN (transformers' `rope_type: yarn`, its default
     attention factor 0.1 ln(factor) + 1 and ramp) over its trained window, no further training. Distances
-    within the old window keep their high-frequency rotations; the slow ones are interpolated."""
+    within the old window keep their high-frequency rotations; the slow ones are interpolated. Records the
+    held-out loss by position before and after."""
     path = work / "target" / "config.json"
     config = json.loads(path.read_text())
     if config.get("rope_parameters", {}).get("rope_type") == "yarn":
         raise SystemExit(f"{path}: the target already has yarn (run the stage once, on a trained target)")
     window = config["max_position_embeddings"]
+    before = loss_by_position(work / "target", held_files)
     config["max_position_embeddings"] = int(window * factor)
     config["rope_parameters"] = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": window,
                                  "rope_theta": config["rope_parameters"]["rope_theta"]}
@@ -181,6 +205,7 @@ def extend_with_yarn(work: Path, factor: float) -> dict:
     tok_path.write_text(json.dumps(tok, indent=2) + "\n")
     return {"factor": factor, "original_max_position_embeddings": window,
             "max_position_embeddings": config["max_position_embeddings"],
+            "loss_by_position": {"rope": before, "yarn": loss_by_position(work / "target", held_files)},
             "command": " ".join(["python", "scripts/make_tiny_pair.py", *sys.argv[1:]])}
 
 
@@ -408,15 +433,17 @@ def main() -> None:
                 "distill_weight": args.draft_distill_weight if args.draft_distill_temperature else None,
                 "distill_slots": args.draft_distill_slots if args.draft_distill_temperature else None,
                 "prompt_stride": args.draft_prompt_stride, "eval_samples": args.draft_eval_samples,
+                "sliding_window": args.draft_sliding_window,
                 "command": " ".join(["python", "scripts/make_tiny_pair.py", *sys.argv[1:]])}
         elif stage == "yarn":
-            log["yarn"] = extend_with_yarn(args.work, args.yarn_factor)
+            log["yarn"] = extend_with_yarn(args.work, args.yarn_factor, held_files)
         elif stage == "prompts":
             cut_prompts(args.work, held_files, 64, 64, args.seed + 1, "heldout_prompts.jsonl")
             long_prompts(args.work, held_files)
         elif stage == "measure":
             log["measured"] = measure(args.work)
             log["measured_sampled"] = measure_sampled(args.work)
+            log["measured_lengths"] = measure_lengths(args.work)
             log["measured_on"] = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d")}
             write_cards(args.work, log, TARGET_SHAPE)
         log.setdefault("seconds", {})[stage] = round(time.perf_counter() - t0)
@@ -457,6 +484,28 @@ def measure(work: Path, prompts: int = 32, new_tokens: int = 128) -> dict:
                   f"{r.spec_tokens_per_s:.1f} tok/s, AR {r.ar_tokens_per_s:.1f} tok/s, speed-up {r.speedup:.2f}x, "
                   f"identical {r.identical}", flush=True)
     return out
+
+
+def measure_lengths(work: Path, lengths=(512, 2048, 8192), prompts: int = 4, new_tokens: int = 64) -> list[dict]:
+    """τ and the speed-up by context length with the CPU defaults (draft vocabulary, confidence cut, `auto`
+    widths), greedy, batch 1: the long held-out prompts cut to each length, as `dflash-trt bench
+    --prompts dflash_trt/assets/heldout_long.jsonl --context-lengths 512,2048,8192 --num-prompts 4
+    --max-new-tokens 64`."""
+    from dflash_trt.bench.local import bench_block_size, context_prompts, load_prompts
+    from dflash_trt.decoding.sampling import SamplingParams
+    from dflash_trt.runtime.local import default_draft_confidence
+
+    pair, _, stops = _bench_setup(work, 1, draft_vocab="auto")
+    stream = load_prompts(work / "heldout_long.jsonl", pair.tokenizer, None)
+    rows = []
+    for length in lengths:
+        r = bench_block_size(pair, context_prompts(stream, length, prompts), 16, new_tokens, SamplingParams(), stops,
+                             min_confidence=default_draft_confidence("cpu"), width_policy="auto")
+        rows.append({"context": length, "tau": r.mean_acceptance_length, "speedup": r.speedup,
+                     "decode_speedup": r.decode_speedup, "identical": r.identical})
+        print(f"context {length}: tau {r.mean_acceptance_length:.2f}, speed-up {r.speedup:.2f}x "
+              f"(decode only {r.decode_speedup:.2f}x), identical {r.identical}", flush=True)
+    return rows
 
 
 def install(work: Path) -> None:

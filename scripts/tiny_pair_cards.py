@@ -21,8 +21,8 @@ def write_cards(work: Path, log: dict, shape: dict) -> None:
                 "|---|---|---|---|---|---|---|\n"
                 + table + f"\n\nGreedy, batch 1, fp32, one CPU thread{machine(log)}, on 32 held-out prompts x 128 new tokens "
                 "(`dflash_trt/assets/heldout_prompts.jsonl`); `dflash-trt bench` reproduces it.")
-    measured += sampled_table(log.get("measured_sampled"))
-    source = (f"Python {data['stdlib']} standard library sources ({data['train_files']} training files, "
+    measured += sampled_table(log.get("measured_sampled")) + lengths_table(log.get("measured_lengths"))
+    source = (f"Python {Path(data['stdlib']).name.removeprefix('python')} standard library sources ({data['train_files']} training files, "
               f"{data.get('train_tokens', '?')} tokens; {data['heldout_files']} files held out by path hash)")
     reproduce = "`python scripts/make_tiny_pair.py --stage all --seed 0`"
     upscaled = ""
@@ -45,7 +45,7 @@ A Qwen3-architecture causal LM trained from scratch for dflash-trt's tests, quic
 - data: {source}
 - training: {t['steps']} steps x {t['batch']} x {t['seq_len']} tokens, AdamW (lr {t.get('lr', 3e-3):g}, cosine), final loss {t['final_loss']:.2f},
   {t['seconds']} s on the 2-core CPU dev machine{upscaled}
-- reproduce: {reproduce}
+- reproduce: {reproduce}{positions(log.get("yarn"))}
 
 Not a useful language model: a small, fast, real target whose greedy continuations a drafter can learn.
 """)
@@ -66,7 +66,7 @@ Not a useful language model: a small, fast, real target whose greedy continuatio
 A DFlash drafter (z-lab format: `DFlashDraftModel`, `dflash_config`) for tiny-qwen3, trained with
 `dflash-trt train-draft --regenerate`; it loads in dflash-trt and in z-lab's `dflash==0.1.0`.
 
-- {d.get('layers', '?')} draft layer(s), block_size 16, target_layer_ids and mask_token_id in config.json
+- {d.get('layers', '?')} draft layer(s), block_size 16, target_layer_ids and mask_token_id in config.json{window(d)}
 - prompt format: trained on raw prompts (no chat template; the target has no thinking mode); `dflash-trt
   check-pair` measures τ raw and chat-templated
 - data: {d.get('samples', '?')} prompts of 64 tokens cut from the training files{stride(d)}, continued by the target
@@ -125,3 +125,38 @@ def machine(log: dict) -> str:
     """' (on <cpu>, <date>)' when make_log.json records where the measure stage ran."""
     m = log.get("measured_on")
     return f" (on {m['cpu']}, {m['date']})" if m else ""
+
+
+def positions(yarn: dict | None) -> str:
+    """The target's long-context extension: YaRN over its trained window, and the loss by position it gives."""
+    if not yarn:
+        return ""
+    before, after = yarn["loss_by_position"]["rope"], yarn["loss_by_position"]["yarn"]
+    return (f"\n- positions: {yarn['max_position_embeddings']:,} by YaRN (`rope_parameters`: factor {yarn['factor']:g} over "
+            f"the {yarn['original_max_position_embeddings']:,} it was built with, transformers' default attention "
+            f"factor and ramp; `{yarn['command']}`), no long-context training. Next-token loss on {after['files']} "
+            f"held-out files of {after['tokens']:,}+ tokens, by position:\n\n"
+            f"  | rope | {' | '.join(after['bins'])} |\n  |---|{'---|' * len(after['bins'])}\n"
+            f"  | plain (before) | {' | '.join(f'{v:.2f}' for v in before['loss'])} |\n"
+            f"  | yarn (shipped) | {' | '.join(f'{v:.2f}' for v in after['loss'])} |\n\n"
+            "  (later bins hold later parts of long files: compare the rows, not the bins)")
+
+
+def window(run: dict) -> str:
+    w = run.get("sliding_window")
+    return (f"; context attention windowed to {w} positions (`layer_types` sliding_attention, `is_causal` false:"
+            " a draft pass costs the same at any context length, and every distance it sees is one it trained at)"
+            if w else "")
+
+
+def lengths_table(rows: list[dict] | None) -> str:
+    """τ and speed-up by context length (the CPU defaults)."""
+    if not rows:
+        return ""
+    lines = "\n".join(f"| {r['context']:,} | {r['tau']:.2f} | {r['speedup']:.2f}x | {r['decode_speedup']:.2f}x | "
+                      f"{r['identical']} |" for r in rows)
+    return ("\n\nBy context length (greedy, block 16, the CPU defaults; 4 prompts cut from "
+            "`dflash_trt/assets/heldout_long.jsonl` x 64 new tokens; end to end includes the prompt's prefill):\n\n"
+            "| context | τ | speed-up, end to end | decode only | identical |\n|---|---|---|---|---|\n" + lines +
+            "\n\n`dflash-trt bench --prompts dflash_trt/assets/heldout_long.jsonl --context-lengths 512,2048,8192 "
+            "--num-prompts 4 --max-new-tokens 64` reproduces it.")

@@ -258,5 +258,6 @@ def test_a_request_cancelled_while_its_prompt_prefills_frees_its_slot(shipped_pa
     scheduler.step()
     assert scheduler.idle and scheduler.free_slots == [0]
     assert events[-1].finished and events[-1].cancelled and not events[-1].tokens
-    again = engine.generate([Request(prompt, stop=StopCriteria(8))])  # the slot serves the same prompt afresh
-    assert again[0].tokens == autoregressive_generate(shipped_pair.target, [Request(prompt, stop=StopCriteria(8))])[0].tokens
+    request = Request(prompt, stop=StopCriteria(8))
+    again = engine.generate([request])  # the slot serves the same prompt afresh
+    assert again[0].tokens == autoregressive_generate(shipped_pair.target, [request])[0].tokens
