@@ -396,7 +396,7 @@ def main() -> None:
     train_files, held_files = stdlib_files()
     log_path = args.work / "make_log.json"
     log = json.loads(log_path.read_text()) if log_path.is_file() else {}
-    log["data"] = {"stdlib": sysconfig.get_paths()["stdlib"], "train_files": len(train_files), "heldout_files": len(held_files)}
+    log["data"] = {"stdlib": Path(sysconfig.get_paths()["stdlib"]).name, "train_files": len(train_files), "heldout_files": len(held_files)}
     if args.stage == "install":  # copy a finished --work folder into dflash_trt/assets/
         install(args.work)
         return

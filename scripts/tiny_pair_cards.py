@@ -112,7 +112,7 @@ def sampled_table(rows: list[dict] | None) -> str:
     return ("\n\nBy temperature (block 16, batch 1, the same prompts, seed 0; sampled requests get coupled drafts):\n\n"
             "| temperature | τ, full blocks | first draft accepted | speed-up, CPU defaults (`auto`, cut 0.1) | identical |\n"
             "|---|---|---|---|---|\n" + lines + "\n\n`dflash-trt bench --block-sizes 16 --num-prompts 32 --temperature "
-            "0,0.7,1.0,1.5 --width-policy fixed --draft-confidence 0` gives the τ column, the same without the last two "
+            "0,0.7,1.0,1.5 --width-policy schedule --draft-confidence 0` gives the τ column, the same without the last two "
             "options the speed-up.")
 
 

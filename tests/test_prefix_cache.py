@@ -88,11 +88,26 @@ def test_warm_prompts_prefilled_in_chunks_keep_the_cold_acceptance(shipped_pair,
         assert w.tokens == c.tokens and w.acceptance_lengths == c.acceptance_lengths
 
 
-def test_a_drafter_reading_stale_context_would_show(shipped_pair, agent_requests, monkeypatch):
+@pytest.fixture
+def full_attention(shipped_pair):
+    """The shipped drafter with its context window lifted, as the full-attention drafters other engines serve
+    (its window reads mostly the latest positions, which a restore never covers: the last prompt token runs)."""
+    def set_window(value):
+        for layer in shipped_pair.draft.layers:
+            layer.window = value
+            layer.__dict__.pop("_cpu_plan", None)  # a plan carries its layer's window
+
+    window = shipped_pair.draft.layers[0].window
+    set_window(None)
+    yield shipped_pair
+    set_window(window)
+
+
+def test_a_drafter_reading_stale_context_would_show(full_attention, agent_requests, monkeypatch):
     """The failure other engines ship: cached positions restored for the target but not for the drafter. The
     drafter then reads another request's context at those positions — tokens stay right, acceptance drops.
     With the context restored it is the cold acceptance exactly."""
-    greedy = agent_requests[:2]
+    shipped_pair, greedy = full_attention, agent_requests[:2]
     cold = _engine(shipped_pair, 0).generate(greedy)
     engine = _engine(shipped_pair, 64 << 20, slots=2)
     engine.generate([Request(tuple(range(40, 40 + 20 * BLOCK)), stop=StopCriteria(8))])  # fills slot 0's context

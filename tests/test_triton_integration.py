@@ -28,7 +28,7 @@ PROMPTS = ["def parse_args(argv):\n", "class Queue:\n    def __init__(self", "im
 PARAMS = [dict(temperature=0.0), dict(temperature=0.8, top_k=40, seed=7), dict(temperature=1.0, top_p=0.9, seed=3)]
 
 
-def expected_tokens(pair, inputs_list, max_seq_len=1024):
+def expected_tokens(pair, inputs_list, max_seq_len=8192):
     """Autoregressive decoding of the same requests, parsed exactly as the server parses them."""
     eos = frozenset(pair.target.config.eos_token_ids) | {pair.tokenizer.eos_token_id}
     requests = []
@@ -71,7 +71,7 @@ def test_served_equals_local_runtime(served):
     for params in (dict(), dict(temperature=0.7, seed=11)):
         inputs = request_inputs(PROMPTS[2], max_tokens=48, **params)
         request = parse_request(lambda n: None if n not in inputs else np.array([inputs[n]], dtype=object if n == "text_input" else None),
-                                pair.tokenizer, 1024, pair.target.config.vocab_size,
+                                pair.tokenizer, 8192, pair.target.config.vocab_size,
                                 frozenset({pair.tokenizer.eos_token_id})).request
         local, _ = generate(pair, [request], block_size=16, min_confidence=runtime.draft_confidence)
         served_result = grpc_generate(server.grpc_url, inputs)
@@ -114,7 +114,7 @@ def _grpc_error(server, raw_inputs) -> str:
 BAD = {
     "empty prompt": ({"text_input": (np.array([b""], dtype=object), "BYTES")}, "prompt is empty"),
     "no prompt": ({"max_tokens": (np.array([4], dtype=np.int32), "INT32")}, "'text_input' (or 'input_ids') is required"),
-    "prompt too long": ({"input_ids": (np.full(1100, 5, dtype=np.int32), "INT32")}, "at most 1023"),
+    "prompt too long": ({"input_ids": (np.full(8300, 5, dtype=np.int32), "INT32")}, "at most 8191"),
     "max_tokens zero": ({"text_input": (np.array([b"x = 1"], dtype=object), "BYTES"),
                          "max_tokens": (np.array([0], dtype=np.int32), "INT32")}, "must be >= 1"),
     "max_tokens huge": ({"text_input": (np.array([b"x = 1"], dtype=object), "BYTES"),

@@ -34,6 +34,13 @@ def _write(out_dir: str, payload: dict) -> Path:
     return out
 
 
+def long_prompts(context_lengths) -> Path | None:
+    """The default prompts of a --context-lengths run: the shipped long held-out set (None: no lengths)."""
+    from dflash_trt.engine.golden import HELDOUT_LONG
+
+    return HELDOUT_LONG if context_lengths else None
+
+
 def _prompt_sets(prompts_path, prompts, num_prompts, context_lengths, positions=None, max_new_tokens=0):
     """{context length or None: prompts}: the prompts as given, or cut to each of `context_lengths`."""
     if not context_lengths:
@@ -56,6 +63,7 @@ def run_local(target, draft, prompts_path, num_prompts, block_sizes, max_new_tok
 
     pair = load_pair(resolve_model_path(target, Path.cwd()), resolve_model_path(draft, Path.cwd()), "fp32", device)
     apply_draft_vocab(pair, draft_vocab)
+    prompts_path = prompts_path or long_prompts(context_lengths)
     sets = _prompt_sets(prompts_path, load_prompts(prompts_path, pair.tokenizer, None), num_prompts, context_lengths,
                         pair.target.config.dims.max_position_embeddings, max_new_tokens)
     stop_ids = stop_token_ids(pair.tokenizer, pair.target.config.eos_token_ids)
@@ -119,6 +127,7 @@ def run_served(url, prompts_path, num_prompts, levels, max_new_tokens, sampling,
                context_lengths=None):
     from rich.progress import Progress
 
+    prompts_path = prompts_path or long_prompts(context_lengths)
     sets = _prompt_sets(prompts_path, load_prompts(prompts_path, None, None, served=True), num_prompts,
                         context_lengths)
     points = []

@@ -55,7 +55,8 @@ from dflash_trt.cli.types import (
                    "in order (A B, B A, ...), pooled per point: a drifting machine then favours neither.")
 @click.option("--context-lengths", type=INT_LIST,
               help="Cut the prompts to each of these lengths (tokens; each ends where a prompt ends and reaches back "
-                   "over the ones before it) and report τ, tokens/s and the speed-up per length: local or --url.")
+                   "over the ones before it) and report τ, tokens/s and the speed-up per length: local or --url. "
+                   "Without --prompts: the shipped long held-out set (dflash_trt/assets/heldout_long.jsonl).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/bench", show_default=True,
               help="Folder for results.json and the PNG plots.")
 def bench_command(url, target, draft, prompts_path, num_prompts, block_sizes, concurrency, max_new_tokens,

@@ -15,6 +15,7 @@ from dflash_trt.checkpoint.json_fields import jsonl_records
 from dflash_trt.errors import ConfigError
 
 HELDOUT = Path(__file__).resolve().parent.parent / "assets" / "heldout_prompts.jsonl"
+HELDOUT_LONG = HELDOUT.with_name("heldout_long.jsonl")  # held-out files in file order: prompts of any length
 
 
 def builtin_prompts(limit: int | None = None) -> list[dict]:
