@@ -132,8 +132,8 @@ def positions(yarn: dict | None) -> str:
     if not yarn:
         return ""
     before, after = yarn["loss_by_position"]["rope"], yarn["loss_by_position"]["yarn"]
-    return (f"\n- positions: {yarn['max_position_embeddings']:,} by YaRN (`rope_parameters`: factor {yarn['factor']:g} over "
-            f"the {yarn['original_max_position_embeddings']:,} it was built with, transformers' default attention "
+    return (f"\n- positions: {yarn['max_position_embeddings']:,} by YaRN (`rope_parameters`: factor "
+            f"{yarn['factor']:g} over the {yarn['original_max_position_embeddings']:,} it was built with, transformers' default attention "
             f"factor and ramp; `{yarn['command']}`), no long-context training. Next-token loss on {after['files']} "
             f"held-out files of {after['tokens']:,}+ tokens, by position:\n\n"
             f"  | rope | {' | '.join(after['bins'])} |\n  |---|{'---|' * len(after['bins'])}\n"
