@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -116,6 +117,9 @@ def main() -> None:
     ap.add_argument("--draft-vocab", default="auto", help="'auto' (the drafter's recommended size), 'off' or N")
     ap.add_argument("--out", type=Path, default=Path("out/roofline"))
     args = ap.parse_args()
+    counts = [int(t) for t in args.threads.split(",")]
+    # the C++ layer follows torch's thread count up to this cap (backends/cpu/ops.py follow_torch_threads)
+    os.environ["DFLASH_TRT_CPU_THREADS"] = str(max(counts))
     pair = load_pair(resolve_model_path(args.target, Path.cwd()), resolve_model_path(args.draft, Path.cwd()),
                      "fp32", "cpu")
     if args.draft_vocab != "off":
@@ -125,22 +129,22 @@ def main() -> None:
     contexts = [int(c) for c in args.contexts.split(",")]
     rows = []
     with torch.inference_mode():
-        for threads in [int(t) for t in args.threads.split(",")]:
-            limits = machine(threads)
-            with ops.threads(threads):
-                for context in contexts:
-                    passes = {"AR step (target, 1 row)": target_pass(pair.target, context, 1, args.repeats),
-                              f"verify (target, {args.block} rows)": target_pass(pair.target, context, args.block,
-                                                                                  args.repeats),
-                              f"draft ({args.block} rows)": draft_pass(pair.draft, pair.target.lm_head, context,
-                                                                      args.block, args.repeats)}
-                    for name, p in passes.items():
-                        gb_s, gflop_s = p["bytes"] / p["seconds"] / 1e9, p["flops"] / p["seconds"] / 1e9
-                        rows.append({"threads": threads, "context": context, "pass": name, **p, "gb_s": gb_s,
-                                     "gflop_s": gflop_s, "bandwidth_share": gb_s / limits["read_gb_s"],
-                                     "compute_share": gflop_s / limits["matmul_gflop_s"], "machine": limits})
-            print(f"\n{threads} thread(s): read {limits['read_gb_s']:.1f} GB/s, fp32 matmul "
-                  f"{limits['matmul_gflop_s']:.1f} GFLOP/s")
+        for threads in counts:
+            limits = machine(threads)  # torch at `threads`: the C++ layer follows on its next pass
+            for context in contexts:
+                passes = {"AR step (target, 1 row)": target_pass(pair.target, context, 1, args.repeats),
+                          f"verify (target, {args.block} rows)": target_pass(pair.target, context, args.block,
+                                                                              args.repeats),
+                          f"draft ({args.block} rows)": draft_pass(pair.draft, pair.target.lm_head, context,
+                                                                  args.block, args.repeats)}
+                for name, p in passes.items():
+                    gb_s, gflop_s = p["bytes"] / p["seconds"] / 1e9, p["flops"] / p["seconds"] / 1e9
+                    rows.append({"threads": threads, "context": context, "pass": name, **p, "gb_s": gb_s,
+                                 "gflop_s": gflop_s, "bandwidth_share": gb_s / limits["read_gb_s"],
+                                 "compute_share": gflop_s / limits["matmul_gflop_s"], "machine": limits,
+                                 "cpp_threads": ops.library().dfl_threads()})
+            print(f"\n{threads} thread(s) (the C++ layer: {rows[-1]['cpp_threads']}): read "
+                  f"{limits['read_gb_s']:.1f} GB/s, fp32 matmul {limits['matmul_gflop_s']:.1f} GFLOP/s")
             print("| context | pass | MB read (K/V) | MFLOP | ms | GB/s (share) | GFLOP/s (share) |")
             print("|---|---|---|---|---|---|---|")
             for r in rows:
