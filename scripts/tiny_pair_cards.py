@@ -103,17 +103,24 @@ def objective(run: dict) -> str:
             f"{', `--distill-slots`' if slots else ''})")
 
 
+def markdown_table(intro: str, header: list[str], rows: list[list[str]], outro: str) -> str:
+    """A card's measured table: an introducing line, the table, the command that reproduces it."""
+    lines = "\n".join("| " + " | ".join(row) + " |" for row in rows)
+    return f"\n\n{intro}:\n\n| {' | '.join(header)} |\n|{'---|' * len(header)}\n{lines}\n\n{outro}"
+
+
 def sampled_table(rows: list[dict] | None) -> str:
     """τ (full blocks of 16) and speed-up (`auto` widths, the confidence cut) per temperature."""
     if not rows:
         return ""
-    lines = "\n".join(f"| {r['temperature']:g} | {r['tau_full_blocks']:.2f} | {r['first_draft_accepted']:.2f} | "
-                      f"{r['speedup_auto']:.2f}x | {r['identical']} |" for r in rows)
-    return ("\n\nBy temperature (block 16, batch 1, the same prompts, seed 0; sampled requests get coupled drafts):\n\n"
-            "| temperature | τ, full blocks | first draft accepted | speed-up, CPU defaults (`auto`, cut 0.1) | identical |\n"
-            "|---|---|---|---|---|\n" + lines + "\n\n`dflash-trt bench --block-sizes 16 --num-prompts 32 --temperature "
-            "0,0.7,1.0,1.5 --width-policy schedule --draft-confidence 0` gives the τ column, the same without the last two "
-            "options the speed-up.")
+    return markdown_table(
+        "By temperature (block 16, batch 1, the same prompts, seed 0; sampled requests get coupled drafts)",
+        ["temperature", "τ, full blocks", "first draft accepted", "speed-up, CPU defaults (`auto`, cut 0.1)",
+         "identical"],
+        [[f"{r['temperature']:g}", f"{r['tau_full_blocks']:.2f}", f"{r['first_draft_accepted']:.2f}",
+          f"{r['speedup_auto']:.2f}x", str(r["identical"])] for r in rows],
+        "`dflash-trt bench --block-sizes 16 --num-prompts 32 --temperature 0,0.7,1.0,1.5 --width-policy schedule "
+        "--draft-confidence 0` gives the τ column, the same without the last two options the speed-up.")
 
 
 def stride(run: dict) -> str:
@@ -153,10 +160,11 @@ def lengths_table(rows: list[dict] | None) -> str:
     """τ and speed-up by context length (the CPU defaults)."""
     if not rows:
         return ""
-    lines = "\n".join(f"| {r['context']:,} | {r['tau']:.2f} | {r['speedup']:.2f}x | {r['decode_speedup']:.2f}x | "
-                      f"{r['identical']} |" for r in rows)
-    return ("\n\nBy context length (greedy, block 16, the CPU defaults; 4 prompts cut from "
-            "`dflash_trt/assets/heldout_long.jsonl` x 64 new tokens; end to end includes the prompt's prefill):\n\n"
-            "| context | τ | speed-up, end to end | decode only | identical |\n|---|---|---|---|---|\n" + lines +
-            "\n\n`dflash-trt bench --prompts dflash_trt/assets/heldout_long.jsonl --context-lengths 512,2048,8192 "
-            "--num-prompts 4 --max-new-tokens 64` reproduces it.")
+    return markdown_table(
+        "By context length (greedy, block 16, the CPU defaults; 4 prompts cut from "
+        "`dflash_trt/assets/heldout_long.jsonl` x 64 new tokens; end to end includes the prompt's prefill)",
+        ["context", "τ", "speed-up, end to end", "decode only", "identical"],
+        [[f"{r['context']:,}", f"{r['tau']:.2f}", f"{r['speedup']:.2f}x", f"{r['decode_speedup']:.2f}x",
+          str(r["identical"])] for r in rows],
+        "`dflash-trt bench --prompts dflash_trt/assets/heldout_long.jsonl --context-lengths 512,2048,8192 "
+        "--num-prompts 4 --max-new-tokens 64` reproduces it.")
