@@ -34,7 +34,7 @@ from dflash_trt.model.loader import apply_draft_vocab, load_pair
 MIB = 1 << 20
 
 
-def best_seconds(fn, repeats: int) -> float:
+def median_seconds(fn, repeats: int) -> float:
     """Median wall time of `fn` over `repeats` calls after two warm-ups."""
     fn(), fn()
     times = []
@@ -49,9 +49,9 @@ def machine(threads: int) -> dict:
     """Read bandwidth (sum over 512 MiB, torch) and fp32 matmul rate (MKL, 1024^3) at `threads`."""
     torch.set_num_threads(threads)
     big = torch.rand(512 * MIB // 4)
-    read_s = min(best_seconds(big.sum, 1) for _ in range(3))
+    read_s = min(median_seconds(big.sum, 1) for _ in range(3))
     a = torch.rand(1024, 1024)
-    mm_s = best_seconds(lambda: a @ a, 5)
+    mm_s = median_seconds(lambda: a @ a, 5)
     return {"threads": threads, "read_gb_s": big.numel() * 4 / read_s / 1e9, "matmul_gflop_s": 2 * 1024**3 / mm_s / 1e9}
 
 
@@ -68,7 +68,7 @@ def target_pass(target, context: int, rows: int, repeats: int) -> dict:
     positions = torch.arange(context, context + rows)[None]
     slots = torch.tensor([0])
     plans = cpu_layers.plans(target.model.layers)
-    seconds = best_seconds(lambda: cpu_target.forward(target, tokens, positions, cache, slots), repeats)
+    seconds = median_seconds(lambda: cpu_target.forward(target, tokens, positions, cache, slots), repeats)
     layer_params = sum(p.numel() for plan in plans for p in plan.objects[:4] if p is not None)
     head = target.lm_head.weight
     keys = context + rows
@@ -93,7 +93,7 @@ def draft_pass(draft, lm_head, context: int, rows: int, repeats: int) -> dict:
         hidden = cpu_draft.forward(draft, noise, positions, cache, slots)
         ops.greedy_drafts(hidden[0, 1:].contiguous(), head, 0.0, 4)
 
-    seconds = best_seconds(run, repeats)
+    seconds = median_seconds(run, repeats)
     plans = cpu_layers.plans(draft.layers)
     windows = [layer.window for layer in draft.layers]
     keys = [min(context + rows, w + rows) if w else context + rows for w in windows]
