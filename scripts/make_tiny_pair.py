@@ -62,7 +62,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its model-card writer, beside it
 from tiny_pair_cards import write_cards  # noqa: E402
-from tiny_pair_measure import cpu_name, loss_by_position, measure, measure_lengths, measure_sampled  # noqa: E402
+from tiny_pair_measure import cpu_name, loss_by_position, measure, measure_lengths, measure_sampled, read  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "dflash_trt" / "assets"
@@ -78,10 +78,6 @@ def stdlib_files() -> tuple[list[Path], list[Path]]:
     files = sorted(p for p in lib.rglob("*.py") if not set(p.relative_to(lib).parts) & set(skip))
     held = lambda p: hashlib.sha256(str(p.relative_to(lib)).encode()).digest()[0] < 13  # ~5%  # noqa: E731
     return [p for p in files if not held(p)], [p for p in files if held(p)]
-
-
-def read(path: Path) -> str:
-    return path.read_text(encoding="utf-8", errors="replace")
 
 
 def train_tokenizer(work: Path, files: list[Path], vocab: int = 4096) -> None:

@@ -55,25 +55,39 @@ def machine(threads: int) -> dict:
     return {"threads": threads, "read_gb_s": big.numel() * 4 / read_s / 1e9, "matmul_gflop_s": 2 * 1024**3 / mm_s / 1e9}
 
 
-def layer_weight_bytes(plans) -> int:
-    return sum(p.numel() * p.element_size() for plan in plans for p in plan.panels)
+def layer_stream(plans) -> tuple[int, int]:
+    """(parameters, bytes) of the decoder layers' projections as the C++ layer streams them (its panels)."""
+    params = sum(p.numel() for plan in plans for p in plan.objects[:4] if p is not None)
+    return params, sum(p.numel() * p.element_size() for plan in plans for p in plan.panels)
+
+
+def random_cache(model, context: int, rows: int):
+    """A one-slot cache of `context + rows` positions holding random K/V (a pass's cost ignores the values)."""
+    cache = model.new_cache(1, context + rows)
+    cache.k.normal_(), cache.v.normal_()
+    return cache
+
+
+def kv_bytes_per_key(cache) -> int:
+    """Bytes of K and V one position holds in one layer."""
+    _, _, kv_heads, _, head_dim = cache.k.shape
+    return 2 * kv_heads * head_dim * cache.k.element_size()
 
 
 def target_pass(target, context: int, rows: int, repeats: int) -> dict:
     """The target's C++ pass over `rows` rows after `context` positions, its final norm and the full head."""
     d = target.config.dims
-    cache = target.new_cache(1, context + rows)
-    cache.k.normal_(), cache.v.normal_()
+    cache = random_cache(target, context, rows)
     tokens = torch.randint(0, target.config.vocab_size, (1, rows))
     positions = torch.arange(context, context + rows)[None]
     slots = torch.tensor([0])
     plans = cpu_layers.plans(target.model.layers)
     seconds = median_seconds(lambda: cpu_target.forward(target, tokens, positions, cache, slots), repeats)
-    layer_params = sum(p.numel() for plan in plans for p in plan.objects[:4] if p is not None)
+    layer_params, layer_bytes = layer_stream(plans)
     head = target.lm_head.weight
     keys = context + rows
-    kv_read = keys * d.num_layers * 2 * d.num_kv_heads * d.head_dim * 4
-    weights = layer_weight_bytes(plans) + head.numel() * head.element_size()
+    kv_read = keys * d.num_layers * kv_bytes_per_key(cache)
+    weights = layer_bytes + head.numel() * head.element_size()
     flops = 2 * rows * (layer_params + head.numel()) + 4 * rows * keys * d.num_heads * d.head_dim * d.num_layers
     return {"bytes": weights + kv_read, "kv_bytes": kv_read, "flops": flops, "seconds": seconds}
 
@@ -82,8 +96,7 @@ def draft_pass(draft, lm_head, context: int, rows: int, repeats: int) -> dict:
     """The drafter's C++ pass over a block of `rows` after `context` positions (no new context rows), its
     final norm and the head over slots 1.. (the draft vocabulary's rows when it has one)."""
     d = draft.config.dims
-    cache = draft.new_cache(1, context + rows)
-    cache.k.normal_(), cache.v.normal_()
+    cache = random_cache(draft, context, rows)
     noise = torch.randn(1, rows, d.hidden_size)
     positions = torch.arange(context, context + rows)[None]
     slots = torch.tensor([0])
@@ -97,10 +110,10 @@ def draft_pass(draft, lm_head, context: int, rows: int, repeats: int) -> dict:
     plans = cpu_layers.plans(draft.layers)
     windows = [layer.window for layer in draft.layers]
     keys = [min(context + rows, w + rows) if w else context + rows for w in windows]
-    kv_read = sum(keys) * 2 * d.num_kv_heads * d.head_dim * 4
+    kv_read = sum(keys) * kv_bytes_per_key(cache)
     head_w = ops.head_weight(head)
-    layer_params = sum(p.numel() for plan in plans for p in plan.objects[:4] if p is not None)
-    weights = layer_weight_bytes(plans) + head_w.numel() * head_w.element_size()
+    layer_params, layer_bytes = layer_stream(plans)
+    weights = layer_bytes + head_w.numel() * head_w.element_size()
     flops = 2 * rows * layer_params + 2 * (rows - 1) * head_w.numel() + sum(
         4 * rows * k * d.num_heads * d.head_dim for k in keys)
     return {"bytes": weights + kv_read, "kv_bytes": kv_read, "flops": flops, "seconds": seconds}

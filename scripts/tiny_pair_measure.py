@@ -9,6 +9,7 @@ import torch
 
 
 def read(path: Path) -> str:
+    """A source file's text (the data of every stage; undecodable bytes replaced)."""
     return path.read_text(encoding="utf-8", errors="replace")
 
 

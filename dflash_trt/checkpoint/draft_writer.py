@@ -65,14 +65,9 @@ def draft_config_for_target(
     context length; a window no wider than the target's original rope window keeps plain rope (every
     distance the drafter sees is one the rope was trained at, so a long-context yarn scaling is not copied)."""
     dims = replace(target.dims, num_layers=num_layers, qk_norm=True, mlp_bias=False)
-    if sliding_window is not None:
-        rope = target.dims.rope
-        if rope.type == "yarn" and sliding_window <= rope.original_max_position_embeddings:
-            dims = replace(dims, rope=replace(rope, type="default", factor=1.0))
-        return DraftConfig(
-            vocab_size=target.vocab_size, dims=dims, block_size=block_size, mask_token_id=mask_token_id,
-            target_layer_ids=tuple(target_layer_ids), num_target_layers=target.dims.num_layers,
-            layer_types=("sliding_attention",) * num_layers, sliding_window=sliding_window, is_causal=False)
+    rope = target.dims.rope
+    if sliding_window is not None and rope.type == "yarn" and sliding_window <= rope.original_max_position_embeddings:
+        dims = replace(dims, rope=replace(rope, type="default", factor=1.0))
     return DraftConfig(
         vocab_size=target.vocab_size,
         dims=dims,
@@ -80,7 +75,9 @@ def draft_config_for_target(
         mask_token_id=mask_token_id,
         target_layer_ids=tuple(target_layer_ids),
         num_target_layers=target.dims.num_layers,
-        layer_types=("full_attention",) * num_layers,
+        layer_types=("full_attention" if sliding_window is None else "sliding_attention",) * num_layers,
+        sliding_window=sliding_window,
+        is_causal=None if sliding_window is None else False,
     )
 
 
