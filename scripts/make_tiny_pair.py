@@ -62,6 +62,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its model-card writer, beside it
 from tiny_pair_cards import write_cards  # noqa: E402
+from tiny_pair_long import long_samples  # noqa: E402
 from tiny_pair_measure import cpu_name, loss_by_position, measure, measure_lengths, measure_sampled, read  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -305,9 +306,10 @@ def long_prompts(work: Path, files: list[Path], piece: int = 512, tail: int = 25
 def train_drafter(work: Path, seed: int, steps: int, layers: int, init: Path | None = None, lr: float = 1.5e-3,
                   regen_temperature: list[float] | None = None, distill_temperature: float | None = None,
                   distill_weight: float = 1.0, distill_slots: int | None = None, eval_samples: int = 0,
-                  sliding_window: int | None = None) -> dict:
+                  sliding_window: int | None = None, long_data: bool = False, seq_len: int = 256) -> dict:
     """`train-draft --regenerate` on the cut prompts; `regen_temperature` (a list mixes them, sample i taking
-    the (i mod n)-th), `distill_*` and `eval_samples` as the command's options of those names."""
+    the (i mod n)-th), `distill_*` and `eval_samples` as the command's options of those names; `long_data`:
+    with the long-data stage's samples as they are (rows of `seq_len` tokens)."""
     from dflash_trt.train.trainer import TrainDraftConfig, train_draft
 
     depth = json.loads((work / "target" / "config.json").read_text())["num_hidden_layers"]
@@ -317,7 +319,8 @@ def train_drafter(work: Path, seed: int, steps: int, layers: int, init: Path | N
     (work / "draft_data.jsonl").write_text("".join(json.dumps({"token_ids": r["token_ids"]}) + "\n" for r in records))
     cfg = TrainDraftConfig(
         target=str(work / "target"), data=[str(work / "draft_data.jsonl")], out=str(work / "draft"),
-        block_size=16, layers=layers, steps=steps, batch_size=8, seq_len=256, num_anchors=32, lr=lr,
+        data_as_is=[str(work / "draft_long.jsonl")] if long_data else [],
+        block_size=16, layers=layers, steps=steps, batch_size=8, seq_len=seq_len, num_anchors=32, lr=lr,
         target_layer_ids=taps,  # include the last layer (HF post-norm): shallow targets need deep taps
         regenerate=True, regen_prompt_tokens=64, regen_new_tokens=192, seed=seed, save_every=250,
         init=None if init is None else str(init),
@@ -332,7 +335,8 @@ def train_drafter(work: Path, seed: int, steps: int, layers: int, init: Path | N
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--stage", choices=["tokenizer", "target", "yarn", "draft", "prompts", "measure", "install", "all"],
+    ap.add_argument("--stage", choices=["tokenizer", "target", "yarn", "long-data", "draft", "prompts", "measure",
+                                        "install", "all"],
                     default="all")
     ap.add_argument("--work", type=Path, default=ROOT / "out" / "tiny_pair")
     ap.add_argument("--seed", type=int, default=0)
@@ -362,6 +366,12 @@ def main() -> None:
                     help="samples held out of training for the chain-simulated τ (train-draft --eval-samples)")
     ap.add_argument("--draft-sliding-window", type=int, default=None,
                     help="window the drafter's context attention (train-draft --sliding-window)")
+    ap.add_argument("--draft-long-data", action="store_true",
+                    help="stage draft: also train on --work's draft_long.jsonl (stage long-data) as it is")
+    ap.add_argument("--draft-seq-len", type=int, default=256,
+                    help="stage draft: tokens per training row (long data: its window + new tokens, 512)")
+    ap.add_argument("--long-new-tokens", type=int, default=256,
+                    help="stage long-data: tokens the target continues each long prompt with")
     ap.add_argument("--yarn-factor", type=float, default=16.0,
                     help="stage yarn: the target's positions times this, by YaRN over its current window")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is robust on a shared 2-core box)")
@@ -396,7 +406,8 @@ def main() -> None:
             regen = [float(t) for t in args.draft_regen_temperature.split(",")]
             summary = train_drafter(args.work, args.seed, args.draft_steps, args.draft_layers, args.draft_init,
                                     args.draft_lr, regen, args.draft_distill_temperature, args.draft_distill_weight,
-                                    args.draft_distill_slots, args.draft_eval_samples, args.draft_sliding_window)
+                                    args.draft_distill_slots, args.draft_eval_samples, args.draft_sliding_window,
+                                    args.draft_long_data, args.draft_seq_len)
             if args.draft_init is not None and "draft" in log:  # the runs it continues: kept for the card
                 log["draft_history"] = [*log.get("draft_history", []), log["draft"]]
             log["draft"] = {k: v for k, v in summary.items() if k != "loss_history"} | {
@@ -408,10 +419,17 @@ def main() -> None:
                 "distill_weight": args.draft_distill_weight if args.draft_distill_temperature else None,
                 "distill_slots": args.draft_distill_slots if args.draft_distill_temperature else None,
                 "prompt_stride": args.draft_prompt_stride, "eval_samples": args.draft_eval_samples,
-                "sliding_window": args.draft_sliding_window,
+                "sliding_window": args.draft_sliding_window, "seq_len": args.draft_seq_len,
+                "long_data": log.get("long_data") if args.draft_long_data else None,
                 "command": " ".join(["python", "scripts/make_tiny_pair.py", *sys.argv[1:]])}
         elif stage == "yarn":
             log["yarn"] = extend_with_yarn(args.work, args.yarn_factor, held_files)
+        elif stage == "long-data":
+            path = long_samples(args.work, token_stream(args.work, train_files), args.long_new_tokens,
+                                args.draft_sliding_window or 256, args.seed)
+            log["long_data"] = {"file": path.name, "samples": len(path.read_text().splitlines()),
+                                "new_tokens": args.long_new_tokens, "window": args.draft_sliding_window or 256,
+                                "command": " ".join(["python", "scripts/make_tiny_pair.py", *sys.argv[1:]])}
         elif stage == "prompts":
             cut_prompts(args.work, held_files, 64, 64, args.seed + 1, "heldout_prompts.jsonl")
             long_prompts(args.work, held_files)

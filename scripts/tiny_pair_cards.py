@@ -71,7 +71,7 @@ A DFlash drafter (z-lab format: `DFlashDraftModel`, `dflash_config`) for tiny-qw
   check-pair` measures τ raw and chat-templated
 - data: {d.get('samples', '?')} prompts of 64 tokens cut from the training files{stride(d)}, continued by the target
   {continuation(d)} (192 new tokens each); the prompts are one seeded stream, so a run on more samples starts with
-  an earlier run's
+  an earlier run's{long_data(d)}
 - training: {d['steps']} steps, final loss {d['final_loss']:.3f}, {d['seconds']:.0f} s{continued}{objective(d)}; settings
   in `dflash_trt_train.json`
 - reproduce: {reproduce_draft}
@@ -147,6 +147,21 @@ def positions(yarn: dict | None) -> str:
             f"  | plain (before) | {' | '.join(f'{v:.2f}' for v in before['loss'])} |\n"
             f"  | yarn (shipped) | {' | '.join(f'{v:.2f}' for v in after['loss'])} |\n\n"
             "  (later bins hold later parts of long files: compare the rows, not the bins)")
+
+
+def long_data(run: dict) -> str:
+    """The long-data stage's samples a drafter run trained on beside the short ones, if any."""
+    long = run.get("long_data")
+    if not long:
+        return ""
+    from tiny_pair_long import LENGTHS
+
+    counts = ", ".join(f"{n} x {length:,}" for length, n in LENGTHS.items())
+    return (f"; and {long['samples']} prompts of 512 to 8,000 tokens cut from the same files ({counts}), continued by "
+            f"the target greedily ({long['new_tokens']} new tokens each; `--stage long-data`), trained as they are: "
+            f"the target reads the whole prompt, the drafter's row ({run.get('seq_len', 512)} tokens) starts "
+            f"{long['window']} positions before the continuation (train-draft's `drafter_from`), so it learns the "
+            f"target's hidden states after long prefixes")
 
 
 def window(run: dict) -> str:

@@ -11,6 +11,7 @@ Schema facts, from NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tensorrt
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,26 @@ def test_block_reuse_is_off_unless_asked_and_the_export_says_what_a_hit_costs(tm
         said = " ".join(result.output.split())
         assert f"KV block reuse (TensorRT-LLM's prefix cache) is {'on' if reuse else 'off'}" in said
         assert "acceptance and speed-up fall on every cache hit" in said and "_store_prefill_context" in said
+
+
+def test_the_export_says_what_a_non_causal_windowed_drafter_costs_there(tmp_path):
+    """The shipped drafter (sliding_attention, is_causal false) runs causal under TensorRT-LLM's DFlash: said; a
+    causal or full-attention drafter: nothing said."""
+    from dflash_trt.engine.config import ASSETS
+
+    shipped = ASSETS / "tiny-qwen3-dflash"
+    base = ["export", "trtllm-llmapi", "--target", str(ASSETS / "tiny-qwen3"), "--gpu-arch", "sm90"]
+    result = CliRunner().invoke(cli, base + ["--draft", str(shipped), "--out", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "windowed (256 positions) and not causal" in said and "_get_attention_mask_args" in said
+    config = json.loads((shipped / "config.json").read_text())
+    for change in ({"is_causal": True}, {"layer_types": ["full_attention"] * 2}):
+        other = tmp_path / f"draft{len(change)}{next(iter(change))}"
+        shutil.copytree(shipped, other)
+        (other / "config.json").write_text(json.dumps(config | change))
+        result = CliRunner().invoke(cli, base + ["--draft", str(other), "--out", str(tmp_path / other.name)])
+        assert result.exit_code == 0 and "not causal" not in result.output, result.output
 
 
 def test_export_reads_the_block_size_and_copies_nvidia_files(tmp_path, tiny_pair):

@@ -342,3 +342,55 @@ def test_a_windowed_drafter_keeps_plain_rope_beside_a_yarn_target(tmp_path):
     assert ckpt.config.dims.rope.type == "default" and read_target(tmp_path / "t").config.dims.rope.type == "yarn"
     with pytest.raises(ConfigError, match="sliding_window must be >= block_size"):
         TrainDraftConfig(target="t", data=["d"], out="o", block_size=16, sliding_window=8)
+
+
+def _long_records(path, n=8, length=40, drafter_from=24, trained_from=30):
+    g = torch.Generator().manual_seed(1)
+    with open(path, "w") as f:
+        for _ in range(n):
+            f.write(json.dumps({"token_ids": torch.randint(2, 250, (length,), generator=g).tolist(),
+                                "trained_from": trained_from, "drafter_from": drafter_from}) + "\n")
+    return path
+
+
+def test_a_row_after_a_long_prefix_has_the_targets_features_of_the_whole_sequence(tiny_pair, tmp_path):
+    """drafter_from: the drafter's row starts there, its features are what the target computes at those positions
+    having read every token before them (the same as over the whole sequence), not the row's alone."""
+    from dflash_trt.model.loader import load_pair
+    from dflash_trt.train import data as train_data
+    from dflash_trt.train.features import TargetFeatures
+
+    pair = load_pair(tiny_pair[0], None, dtype="fp32", device="cpu")
+    samples = train_data.load_samples(_long_records(tmp_path / "long.jsonl", n=3))
+    samples.append(train_data.Sample(list(range(5, 21)), 4))  # no prefix: batched beside the others
+    tokens, mask = train_data.pack(samples, 16, pad_id=0)
+    assert tokens[0].tolist() == samples[0].tokens[24:] and mask[0].tolist() == [False] * 6 + [True] * 10
+    taps = (0, 2)
+    got = TargetFeatures(pair.target, tokens, taps, contexts=train_data.contexts(samples))
+    whole = TargetFeatures(pair.target, torch.tensor([s.tokens for s in samples[:3]]), taps)
+    alone = TargetFeatures(pair.target, tokens, taps)
+    rows = torch.arange(4)
+    torch.testing.assert_close(got(rows)[:3], whole(torch.arange(3))[:, 24:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got(rows)[3], alone(rows)[3])
+    assert (got(rows)[:3] - alone(rows)[:3]).abs().max() > 1e-2  # the prefix changes them
+    assert train_data.contexts(samples[3:]) is None
+
+
+def test_data_as_is_trains_a_windowed_drafter_beside_regenerated_data(tiny_pair, tmp_path):
+    """--data-as-is: samples after long prefixes, used as they are while --data is regenerated; they come first
+    (held-out samples are --data's); a drafter without a window is refused them; bad records name the line."""
+    long = _long_records(tmp_path / "long.jsonl")
+    summary = _train(tiny_pair[0], _data(tmp_path / "d.jsonl", n=16), tmp_path / "draft", 12,
+                     ["--data-as-is", str(long), "--sliding-window", "12", "--seq-len", "24", "--eval-samples", "4"])
+    assert summary["steps"] == 12 and summary["chain_tau_on"] == "4 held-out samples"
+    cached = [json.loads(line) for line in (tmp_path / "draft.train-state" / "samples.jsonl").read_text().splitlines()]
+    assert [r.get("drafter_from", 0) for r in cached] == [24] * 8 + [0] * 16
+    assert cached[0]["token_ids"] == json.loads(long.read_text().splitlines()[0])["token_ids"]
+    result = CliRunner().invoke(cli, ["train-draft", "--target", str(tiny_pair[0]), "--data", str(long), "--out",
+                                      str(tmp_path / "full"), "--steps", "1", "--mask-token-id", "255"])
+    assert result.exit_code == 1 and "need a windowed drafter (--sliding-window)" in result.output
+    bad = _long_records(tmp_path / "bad.jsonl", n=2, drafter_from=31, trained_from=30)
+    with pytest.raises(ConfigError, match=r"bad.jsonl:1: expected 0 <= drafter_from \(31\) <= trained_from \(30\)"):
+        from dflash_trt.train.data import load_samples
+
+        load_samples(bad)

@@ -69,5 +69,8 @@ def llmapi_command(config_path, target, draft, out, block_size, max_seq_len, max
         click.echo("launch: docs/trtllm-backend.md, multi-GPU and multi-node (TensorRT-LLM's launcher, MPI)", err=True)
     click.echo(llmapi.REUSED_PREFIX_COST.format(state="on" if export.kv_block_reuse else
                                                "off (--kv-block-reuse turns it on)"), err=True)
+    window_cost = llmapi.windowed_drafter_cost(export.draft)
+    if window_cost:
+        click.echo(window_cost, err=True)
     if llmapi_dir is None:
         click.echo("next: copy model.py and helpers.py from TensorRT-LLM's llmapi model (see 1/README.txt)", err=True)

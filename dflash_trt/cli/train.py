@@ -13,6 +13,10 @@ from dflash_trt.cli.types import FLOAT_LIST, INT_LIST, MODEL_DIR
 @click.option("--target", type=MODEL_DIR, required=True, help="HF target folder.")
 @click.option("--data", type=click.Path(exists=True, dir_okay=False), multiple=True, required=True,
               help="JSONL (token_ids | text | prompt+completion) or text files; repeatable.")
+@click.option("--data-as-is", type=click.Path(exists=True, dir_okay=False), multiple=True,
+              help="Data used as it is, with --regenerate too (e.g. the target's continuations of long prompts: "
+                   "token_ids records with trained_from and drafter_from, the drafter's row starting at "
+                   "drafter_from, the target reading the tokens before it); repeatable.")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Output drafter folder (z-lab format).")
 @click.option("--block-size", type=click.IntRange(min=2), default=16, show_default=True)
 @click.option("--layers", type=click.IntRange(min=1), default=1, show_default=True, help="Draft decoder layers.")
@@ -66,7 +70,7 @@ def train_draft_command(**options):
     """
     from dflash_trt.train.trainer import TrainDraftConfig, train_draft
 
-    options["data"] = list(options["data"])
+    options["data"], options["data_as_is"] = list(options["data"]), list(options["data_as_is"])
     options["regen_temperature"] = list(options["regen_temperature"])  # TrainDraftConfig records one as a number
     summary = train_draft(TrainDraftConfig(**options))
     click.echo(json.dumps(summary | {"out": options["out"]}, indent=2))

@@ -2,7 +2,9 @@
 
 Accepted inputs (`--data`, repeatable):
 - `.jsonl`: one object per line, `{"token_ids": [...]}`, `{"text": "..."}` or
-  `{"prompt": "...", "completion": "..."}` (loss only on the completion);
+  `{"prompt": "...", "completion": "..."}` (loss only on the completion); a `token_ids` record may carry
+  `trained_from` (loss from that position on) and `drafter_from` (the target reads the tokens before it as
+  context, the drafter's training row starts there: samples after long prefixes for a windowed drafter);
 - any other file: read as UTF-8 text and cut into windows.
 With regeneration, each sample's prompt (its `prompt`, or its first `prompt_tokens` tokens) is
 continued by the target itself, so the drafter learns the exact distribution it will verify
@@ -25,6 +27,7 @@ from dflash_trt.errors import ConfigError
 class Sample:
     tokens: list[int]
     trained_from: int = 0  # loss applies to positions >= trained_from
+    drafter_from: int = 0  # tokens before it are the target's context only (not in the drafter's row)
 
 
 def read_samples(paths: list[Path], tokenizer, window: int) -> list[Sample]:
@@ -57,7 +60,12 @@ def _jsonl_samples(path: Path, tokenizer) -> list[Sample]:
         if not isinstance(record, dict):
             raise ConfigError(f"{path}:{n}: expected a JSON object with a 'token_ids', 'text' or 'prompt' field")
         if "token_ids" in record:
-            out.append(Sample([int(t) for t in record["token_ids"]], int(record.get("trained_from", 0))))
+            tokens = [int(t) for t in record["token_ids"]]
+            trained_from, drafter_from = int(record.get("trained_from", 0)), int(record.get("drafter_from", 0))
+            if not 0 <= drafter_from <= trained_from <= len(tokens):
+                raise ConfigError(f"{path}:{n}: expected 0 <= drafter_from ({drafter_from}) <= trained_from "
+                                  f"({trained_from}) <= the {len(tokens)} tokens")
+            out.append(Sample(tokens, trained_from, drafter_from))
         elif "prompt" in record:
             prompt = _encode(tokenizer, record["prompt"], path)
             completion = _encode(tokenizer, record.get("completion", ""), path)
@@ -97,18 +105,27 @@ def regenerate(target, samples: list[Sample], prompt_tokens: int, new_tokens: in
 
 
 def pack(samples: list[Sample], seq_len: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> tokens [N, seq_len] (right-padded / truncated), loss_mask [N, seq_len] bool."""
+    """-> tokens [N, seq_len] (right-padded / truncated), loss_mask [N, seq_len] bool: each sample's row from its
+    `drafter_from` (`contexts` gives the tokens before it, which only the target reads)."""
     tokens = torch.full((len(samples), seq_len), pad_id, dtype=torch.int64)
     mask = torch.zeros(len(samples), seq_len, dtype=torch.bool)
     for i, s in enumerate(samples):
-        seq = s.tokens[:seq_len]
+        seq = s.tokens[s.drafter_from : s.drafter_from + seq_len]
         tokens[i, : len(seq)] = torch.tensor(seq, dtype=torch.int64)
-        mask[i, s.trained_from : len(seq)] = True
+        mask[i, s.trained_from - s.drafter_from : len(seq)] = True
     return tokens, mask
 
 
+def contexts(samples: list[Sample]) -> list[list[int]] | None:
+    """The tokens before each sample's drafter row (the target's context only), or None when no sample has any."""
+    if not any(s.drafter_from for s in samples):
+        return None
+    return [s.tokens[: s.drafter_from] for s in samples]
+
+
 def save_samples(path: Path, samples: list[Sample]) -> None:
-    lines = (json.dumps({"token_ids": s.tokens, "trained_from": s.trained_from}) for s in samples)
+    lines = (json.dumps({"token_ids": s.tokens, "trained_from": s.trained_from}
+                        | ({"drafter_from": s.drafter_from} if s.drafter_from else {})) for s in samples)
     path.write_text("\n".join(lines) + "\n")
 
 

@@ -23,6 +23,8 @@ def _identity(cfg) -> dict:
         identity["eval_samples"] = cfg.eval_samples
     if getattr(cfg, "sliding_window", None) is not None:  # likewise for a windowed drafter
         identity["sliding_window"] = cfg.sliding_window
+    if getattr(cfg, "data_as_is", None):  # likewise for data used as it is
+        identity["data_as_is"] = list(cfg.data_as_is)
     return identity
 
 

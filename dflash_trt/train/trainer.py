@@ -9,7 +9,6 @@ output every `save_every` steps, so an interrupted run resumes where it stopped.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -39,6 +38,7 @@ from dflash_trt.train.blocks import (
     simulated_acceptance_length,
     target_block_logits,
 )
+from dflash_trt.train.features import TargetFeatures, features_cache_file
 
 
 @dataclass
@@ -58,6 +58,7 @@ class TrainDraftConfig:
     gamma: float | None = None  # loss decay; default 7 for block 16, 4 for block 8 (scaled)
     grad_clip: float = 1.0
     regenerate: bool = False
+    data_as_is: list[str] = field(default_factory=list)  # samples used as they are, with or without `regenerate`
     regen_prompt_tokens: int = 64
     regen_new_tokens: int = 192
     regen_temperature: float | list[float] = 0.0  # a list: sample i is continued at temperature [i % n]
@@ -104,6 +105,7 @@ class TrainDraftConfig:
         if isinstance(self.regen_temperature, (list, tuple)):  # one value is recorded as a number, as before lists
             temps = [float(t) for t in self.regen_temperature]
             self.regen_temperature = temps[0] if len(temps) == 1 else temps
+        self.data_as_is = list(self.data_as_is)
         if self.gamma is None:
             self.gamma = 7.0 * (self.block_size - 1) / 15
 
@@ -180,21 +182,28 @@ def start_from(draft: DFlashDraft, folder: str) -> None:
 
 
 def prepare_samples(cfg: TrainDraftConfig, pair, state_dir: Path, progress) -> list:
-    """Read (and regenerate) the training samples once; cached in the state folder for resume."""
+    """Read (and regenerate) the training samples once; cached in the state folder for resume. The `data_as_is`
+    samples come first, so `eval_samples` are held out of `data`'s."""
     cached = state_dir / "samples.jsonl"
     if cached.is_file():
-        return train_data.load_samples(cached)
-    samples = train_data.read_samples([Path(p) for p in cfg.data], pair.tokenizer, cfg.seq_len)
-    if cfg.max_samples:
-        samples = samples[: cfg.max_samples]
-    if cfg.regenerate:
-        task = progress.add_task("regenerate with target", total=len(samples))
-        stop_ids = frozenset(pair.target.config.eos_token_ids)
-        samples = train_data.regenerate(
-            pair.target, samples, cfg.regen_prompt_tokens, cfg.regen_new_tokens, cfg.regen_temperature,
-            cfg.seed, stop_ids=stop_ids, progress=lambda n: progress.advance(task, n),
-        )
-    train_data.save_samples(cached, samples)
+        samples = train_data.load_samples(cached)
+    else:
+        samples = train_data.read_samples([Path(p) for p in cfg.data], pair.tokenizer, cfg.seq_len)
+        if cfg.max_samples:
+            samples = samples[: cfg.max_samples]
+        if cfg.regenerate:
+            task = progress.add_task("regenerate with target", total=len(samples))
+            stop_ids = frozenset(pair.target.config.eos_token_ids)
+            samples = train_data.regenerate(
+                pair.target, samples, cfg.regen_prompt_tokens, cfg.regen_new_tokens, cfg.regen_temperature,
+                cfg.seed, stop_ids=stop_ids, progress=lambda n: progress.advance(task, n),
+            )
+        if cfg.data_as_is:
+            samples = train_data.read_samples([Path(p) for p in cfg.data_as_is], pair.tokenizer, cfg.seq_len) + samples
+        train_data.save_samples(cached, samples)
+    if cfg.sliding_window is None and any(s.drafter_from for s in samples):
+        raise ConfigError("samples with drafter_from need a windowed drafter (--sliding-window): a full-attention "
+                          "drafter reads every position before its block, which those rows leave out")
     return samples
 
 
@@ -220,6 +229,7 @@ def train_draft(cfg: TrainDraftConfig) -> dict:
     with Progress(*columns) as progress:
         samples = prepare_samples(cfg, pair, state_dir, _FieldProgress(progress))
         tokens, loss_mask = train_data.pack(samples, cfg.seq_len, pad_id=0)
+        contexts = train_data.contexts(samples)
         held_out = cfg.eval_samples
         if held_out and held_out > len(samples) // 2:
             raise ConfigError(f"--eval-samples {held_out}: keep at least half of the {len(samples)} samples for training")
@@ -227,7 +237,7 @@ def train_draft(cfg: TrainDraftConfig) -> dict:
         eval_rows = list(range(train_count, len(samples))) if held_out else list(range(min(16, len(samples))))
         task = progress.add_task("train drafter", total=cfg.steps, completed=step, info="")
         summary = _loop(cfg, pair.target, draft, optimizer, tokens, loss_mask, step, state_dir, progress, task,
-                        train_count, eval_rows)
+                        train_count, eval_rows, contexts)
         summary["chain_tau_on"] = f"{len(eval_rows)} {'held-out' if held_out else 'training'} samples"
     vocab = draft_vocab.vocab_record(draft_vocab.count_tokens([tokens[loss_mask].tolist()]),
                                      pair.target.config.vocab_size, f"the {len(samples)} training samples' trained tokens")
@@ -252,84 +262,16 @@ class _FieldProgress:
         self.progress.advance(task, n)
 
 
-class TargetFeatures:
-    """`target_hidden` [B, S, n*H] of training rows from the frozen target: computed once for the whole
-    dataset when it fits in `budget_bytes` (the target then runs once, not once per step), else per batch.
-    With `cache_file` the whole-dataset table is read from there when present, else written there."""
-
-    def __init__(self, target, tokens: torch.Tensor, taps: tuple[int, ...], budget_bytes: float = 4e9, chunk: int = 16,
-                 cache_file: Path | None = None, final: bool = False):
-        """`final`: also the target's final-norm hidden state (the distillation loss's teacher), appended
-        after the taps' columns (and cached with them)."""
-        self.target, self.tokens, self.taps, self.final = target, tokens, taps, final
-        self.device = target.lm_head.weight.device
-        need = tokens.numel() * (len(taps) + final) * target.config.dims.hidden_size * 4
-        self.table = None
-        if need <= budget_bytes:
-            if cache_file is not None and cache_file.is_file():
-                from safetensors.torch import load_file
-
-                self.table = load_file(str(cache_file))["features"].to(self.device)
-                return
-            for i in range(0, len(tokens), chunk):  # filled in place: no second copy of the table at its peak
-                part = self._compute(tokens[i : i + chunk])
-                if self.table is None:
-                    self.table = torch.empty(len(tokens), *part.shape[1:], dtype=part.dtype, device=part.device)
-                self.table[i : i + len(part)] = part
-            if cache_file is not None:
-                from safetensors.torch import save_file
-
-                cache_file.parent.mkdir(parents=True, exist_ok=True)
-                tmp = cache_file.with_suffix(".tmp")
-                save_file({"features": self.table.cpu().contiguous()}, str(tmp))
-                tmp.replace(cache_file)
-
-    @torch.no_grad()
-    def _compute(self, batch: torch.Tensor) -> torch.Tensor:
-        b, s = batch.shape
-        cache = self.target.new_cache(b, s)
-        positions = torch.arange(s, device=self.device)[None].expand(b, -1)
-        slots = torch.arange(b, device=self.device)
-        if self.final:  # head=False: the final-norm hidden rows instead of logits
-            final, hidden = self.target(batch.to(self.device), positions, cache, slots, self.taps, head=False)
-            return torch.cat([hidden, final], dim=-1)
-        _, hidden = self.target(batch.to(self.device), positions, cache, slots, self.taps, logit_rows=positions[:, :1])
-        return hidden
-
-    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
-        if self.table is not None:
-            return self.table[rows.to(self.table.device)]
-        return self._compute(self.tokens[rows])
-
-
-def features_cache_file(target_folder: str, taps: tuple[int, ...], tokens: torch.Tensor, final: bool = False) -> Path:
-    """Where `--cache-features` keeps a dataset's target features: named by a hash of the target's
-    weights and config, the taps and the packed tokens ($DFLASH_TRT_CACHE_DIR, default ~/.cache/dflash_trt)."""
-    digest = hashlib.sha256()
-    folder = Path(target_folder)
-    for path in sorted(folder.glob("*.safetensors")) + [folder / "config.json"]:
-        digest.update(path.name.encode())
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                digest.update(block)
-    digest.update(json.dumps(list(taps) + (["final"] if final else [])).encode())
-    digest.update(str(tuple(tokens.shape)).encode())
-    digest.update(tokens.to(torch.int64).contiguous().numpy().tobytes())
-    from dflash_trt.host_build import cache_home
-
-    return cache_home() / "train_features" / f"{digest.hexdigest()[:32]}.safetensors"
-
-
 @torch.enable_grad()  # robust to a caller that disabled autograd globally
 def _loop(cfg, target, draft, optimizer, tokens, loss_mask, step, state_dir, progress, task, train_count,
-          eval_rows) -> dict:
+          eval_rows, contexts=None) -> dict:
     """The optimisation loop: batch -> target taps -> blocks -> drafter -> decayed CE. Training rows are
     the first `train_count`; `eval_rows` give the chain-simulated τ at each save and at the end."""
     taps = tuple(draft.config.target_layer_ids)
     distill = cfg.distill_temperature is not None
-    cache_file = features_cache_file(cfg.target, taps, tokens, distill) if cfg.cache_features else None
+    cache_file = features_cache_file(cfg.target, taps, tokens, distill, contexts) if cfg.cache_features else None
     features = TargetFeatures(target, tokens, taps, budget_bytes=cfg.feature_memory_gb * 1e9, cache_file=cache_file,
-                              final=distill)
+                              final=distill, contexts=contexts)
     width = len(taps) * target.config.dims.hidden_size  # the taps' columns of a feature row
 
     def chain_tau() -> float:

@@ -131,6 +131,32 @@ REUSED_PREFIX_COST = (
     "(docs/serving.md, prefix cache).")
 
 
+# How TensorRT-LLM's DFlash drafter attends, read from its source (tensorrt_llm/_torch/models/modeling_dflash.py,
+# DFlashForCausalLM._get_attention_mask_args): a sliding_attention layer runs causal with its window on the left
+# only, (sliding_window - 1, 0); the checkpoint's `is_causal` is read for DFlash 2 drafters alone. A DFlashDraftModel
+# trained non-causal over its window (z-lab's sliding drafters, ours from `train-draft --sliding-window`) then
+# drafts from a mask it never trained with.
+WINDOWED_DRAFTER_COST = (
+    "{path}: the drafter's context attention is windowed ({window} positions) and not causal inside its block "
+    "(`is_causal: false`); TensorRT-LLM's DFlash runs a DFlashDraftModel's sliding layers causal (tensorrt_llm/"
+    "_torch/models/modeling_dflash.py, _get_attention_mask_args: `is_causal` is read for DFlash 2 drafters only), "
+    "so each block's drafts see only the slots before them there: outputs stay exact, acceptance falls against "
+    "what `dflash-trt bench` measures on the torch and CPU backends, which honour the checkpoint.")
+
+
+def windowed_drafter_cost(draft: str | Path) -> str | None:
+    """WINDOWED_DRAFTER_COST for a drafter whose local config.json has non-causal sliding_attention layers."""
+    path = Path(draft) / "config.json"
+    try:
+        config = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return None  # the route's own reader reports a broken config
+    sliding = "sliding_attention" in (config.get("layer_types") or [])
+    if not sliding or config.get("is_causal", True) or config.get("use_sliding_window") is False:
+        return None
+    return WINDOWED_DRAFTER_COST.format(path=path, window=config.get("sliding_window"))
+
+
 def model_yaml(e: LlmapiExport) -> dict:
     """The llmapi model.yaml: LLM() keyword arguments plus `triton_config`."""
     kv_cache = {"free_gpu_memory_fraction": e.free_gpu_memory_fraction, "enable_block_reuse": e.kv_block_reuse}
